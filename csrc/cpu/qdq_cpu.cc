@@ -1,0 +1,173 @@
+#include "qdq_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../common/bf16_qdq.h"
+#include "../common/block_ops.h"
+
+namespace mxops::cpu {
+namespace {
+
+// Columns of the inner dimension handled together when the blocked axis is not innermost:
+// the per-column state stays in registers / L1 while every row of a block streams through.
+constexpr int64_t kTileColumns = 64;
+// Elements per parallel task: large enough to amortise a thread-pool dispatch.
+constexpr int64_t kElementsPerTask = 1 << 15;
+
+template <class Ld, class Policy>
+struct BlockWalker {
+  using T = typename Ld::T;
+  using Params = typename Policy::Params;
+  const T* x;
+  T* y;
+  Geometry g;
+  int64_t block_size;
+  Policy pol;
+
+  int64_t sub_block_size() const {
+    if constexpr (Policy::kSubBlocks) return pol.sub_block_size;
+    return block_size;
+  }
+
+  // Blocked axis innermost: each block is `n` consecutive elements at `base`.
+  void contiguous_block(int64_t base, int64_t n) const {
+    int s = 0;
+    for (int64_t j = 0; j < n; ++j) s = imax(s, pol.key(Ld::load(x[base + j])));
+    const int64_t sub = sub_block_size();
+    for (int64_t j0 = 0; j0 < n; j0 += sub) {
+      const int64_t j1 = std::min(n, j0 + sub);
+      int sub_max = 0;
+      if constexpr (Policy::kSubBlocks)
+        for (int64_t j = j0; j < j1; ++j) sub_max = imax(sub_max, pol.key(Ld::load(x[base + j])));
+      const Params prm = pol.params(s, sub_max);
+      for (int64_t j = j0; j < j1; ++j) y[base + j] = Ld::store(pol.apply(Ld::load(x[base + j]), prm));
+    }
+  }
+
+  // Blocked axis outer: a tile of `w` neighbouring columns, each its own block of `n` rows
+  // `inner` apart; the column loops are innermost so reads and writes stay contiguous.
+  void strided_tile(int64_t base, int64_t n, int64_t w) const {
+    const int64_t stride = g.inner;
+    int s[kTileColumns], sub_max[kTileColumns];
+    Params prm[kTileColumns];
+    for (int64_t i = 0; i < w; ++i) s[i] = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* row = x + base + j * stride;
+      for (int64_t i = 0; i < w; ++i) s[i] = imax(s[i], pol.key(Ld::load(row[i])));
+    }
+    const int64_t sub = sub_block_size();
+    for (int64_t j0 = 0; j0 < n; j0 += sub) {
+      const int64_t j1 = std::min(n, j0 + sub);
+      for (int64_t i = 0; i < w; ++i) sub_max[i] = 0;
+      if constexpr (Policy::kSubBlocks) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const T* row = x + base + j * stride;
+          for (int64_t i = 0; i < w; ++i) sub_max[i] = imax(sub_max[i], pol.key(Ld::load(row[i])));
+        }
+      }
+      for (int64_t i = 0; i < w; ++i) prm[i] = pol.params(s[i], sub_max[i]);
+      for (int64_t j = j0; j < j1; ++j) {
+        const T* row = x + base + j * stride;
+        T* out = y + base + j * stride;
+        for (int64_t i = 0; i < w; ++i) out[i] = Ld::store(pol.apply(Ld::load(row[i]), prm[i]));
+      }
+    }
+  }
+};
+
+struct QdqRunner {
+  const void* x;
+  void* y;
+  const Geometry& g;
+  int64_t block_size;
+  const TaskRunner& run_tasks;
+
+  template <class Ld, class Policy>
+  void run(const Policy& pol) const {
+    using T = typename Ld::T;
+    const BlockWalker<Ld, Policy> walk{static_cast<const T*>(x), static_cast<T*>(y), g, block_size, pol};
+    const int64_t blocks_along = g.blocks_along(static_cast<int>(block_size));
+    const int64_t tiles_per_row = g.inner == 1 ? 1 : (g.inner + kTileColumns - 1) / kTileColumns;
+    const int64_t units = g.outer * blocks_along * tiles_per_row;  // (outer, block, tile)
+    const int64_t unit_elements = block_size * std::min(g.inner, kTileColumns);
+    const int64_t units_per_task = std::max<int64_t>(1, kElementsPerTask / unit_elements);
+    const int64_t tasks = (units + units_per_task - 1) / units_per_task;
+    run_tasks(tasks, [&](int64_t task) {
+      const int64_t u_end = std::min(units, (task + 1) * units_per_task);
+      for (int64_t u = task * units_per_task; u < u_end; ++u) {
+        const int64_t tile = u % tiles_per_row;
+        const int64_t block = (u / tiles_per_row) % blocks_along;
+        const int64_t o = u / (tiles_per_row * blocks_along);
+        const int64_t j0 = block * block_size;
+        const int64_t n = std::min(block_size, g.length - j0);
+        const int64_t base = (o * g.length + j0) * g.inner + tile * kTileColumns;
+        if (g.inner == 1)
+          walk.contiguous_block(base, n);
+        else
+          walk.strided_tile(base, n, std::min(kTileColumns, g.inner - tile * kTileColumns));
+      }
+    });
+  }
+};
+
+// A one-element tensor is returned unchanged (rounded to bfloat16 first when asked).
+template <class IO>
+void copy_identity(const void* x, void* y, bool bf16_first) {
+  using T = typename IO::T;
+  float v = IO::load(*static_cast<const T*>(x));
+  if (bf16_first) v = bf16_round_bits(v);
+  const T out = bf16_first ? IO::store(v) : *static_cast<const T*>(x);
+  std::memcpy(y, &out, sizeof(T));
+}
+
+template <class Body>
+void for_each_chunk(int64_t n, const TaskRunner& run, Body body) {
+  const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
+  run(tasks, [&](int64_t task) {
+    const int64_t begin = task * kElementsPerTask;
+    body(begin, std::min(n, begin + kElementsPerTask));
+  });
+}
+
+}  // namespace
+
+void run_serial(int64_t n_tasks, const std::function<void(int64_t)>& body) {
+  for (int64_t i = 0; i < n_tasks; ++i) body(i);
+}
+
+void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
+                         const TaskRunner& run) {
+  if (g.num_elements == 0) return;
+  if (g.identity) {
+    switch (t) {
+      case DType::kFloat32: copy_identity<Float32>(x, y, p.bf16_first); break;
+      case DType::kFloat16: copy_identity<Float16>(x, y, p.bf16_first); break;
+      case DType::kBFloat16: copy_identity<BFloat16>(x, y, p.bf16_first); break;
+    }
+    return;
+  }
+  dispatch_block_op(p, t, QdqRunner{x, y, g, p.block_size, run});
+}
+
+void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* zero_point,
+                          bool per_channel, const Geometry& g, uint16_t* y, const TaskRunner& run) {
+  for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
+      y[i] = bf16_quantize(x[i], scale[c], zero_point[c]);
+    }
+  });
+}
+
+void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_t* zero_point,
+                            bool per_channel, const Geometry& g, float* x, const TaskRunner& run) {
+  for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
+      x[i] = bf16_dequantize(y[i], scale[c], zero_point[c]);
+    }
+  });
+}
+
+}  // namespace mxops::cpu

@@ -1,0 +1,37 @@
+// CPU backend: runs the numeric core of csrc/common/numerics.h over a tensor, reading blocks
+// in place along any axis and spreading them over the caller's threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "../common/params.h"
+
+namespace mxops::cpu {
+
+// Runs body(task) once for every task in [0, n_tasks), possibly on several threads at once.
+// The ORT kernels pass ORT's intra-op thread pool; the pybind module passes std::threads.
+using TaskRunner = std::function<void(int64_t n_tasks, const std::function<void(int64_t)>& body)>;
+
+// A runner that does every task on the calling thread.
+void run_serial(int64_t n_tasks, const std::function<void(int64_t)>& body);
+
+// BFPQuantizeDequantize / MXQuantizeDequantize of the tensor `x` (type `t`, viewed as
+// `geometry`) into `y`, which must not overlap `x`. Writes every output element once and
+// allocates nothing the size of the tensor.
+void quantize_dequantize(const QdqParams& params, DType t, const void* x, void* y,
+                         const Geometry& geometry, const TaskRunner& run);
+
+// ExtendedQuantizeLinear with a bfloat16 zero point: y = bfloat16(x / scale + zp).
+// scale / zero_point hold one value (per tensor) or `channels` values along the axis that
+// splits the tensor into [outer, channels, inner].
+void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* zero_point,
+                          bool per_channel, const Geometry& geometry, uint16_t* y,
+                          const TaskRunner& run);
+
+// ExtendedDequantizeLinear with a bfloat16 zero point: x = (float(y) - float(zp)) * scale.
+void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_t* zero_point,
+                            bool per_channel, const Geometry& geometry, float* x,
+                            const TaskRunner& run);
+
+}  // namespace mxops::cpu
