@@ -1,0 +1,38 @@
+// The few GPU runtime names the kernels use, for CUDA (nvcc) and HIP (hipcc), so one set of
+// kernel sources builds for both. Under HIP the names come from csrc/rocm/hip_compat.h.
+//
+// Lane groups: a block's reduction spans at most kGroupLanes = 32 lanes, and every shuffle
+// stays inside an aligned group of 32 lanes. That is a whole warp on NVIDIA and on RDNA
+// (wave32) and half a wavefront on CDNA (wave64), so the kernels are correct for either
+// wavefront size without knowing it.
+#pragma once
+
+#if defined(__HIP__) || defined(__HIPCC__)
+#include "../rocm/hip_compat.h"
+#else
+#include <cuda_runtime.h>
+
+#define MXOPS_GPU_EXECUTION_PROVIDER "CUDAExecutionProvider"
+#define MXOPS_GPU_BACKEND_NAME "CUDA"
+
+namespace mxops::gpu::port {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Every lane of the warp executes these (the kernels keep warps converged around them).
+__device__ __forceinline__ int shfl_xor(int v, int lane_mask) {
+  return __shfl_xor_sync(kFullMask, v, lane_mask, 32);
+}
+__device__ __forceinline__ int shfl_up(int v, int delta, int width) {
+  return __shfl_up_sync(kFullMask, v, delta, width);
+}
+__device__ __forceinline__ int shfl(int v, int src_lane, int width) {
+  return __shfl_sync(kFullMask, v, src_lane, width);
+}
+
+}  // namespace mxops::gpu::port
+#endif
+
+namespace mxops::gpu {
+constexpr int kGroupLanes = 32;
+}  // namespace mxops::gpu

@@ -1,0 +1,528 @@
+// GPU kernels of BFPQuantizeDequantize / MXQuantizeDequantize over the numeric core
+// (csrc/common/numerics.h through the policies of csrc/common/block_ops.h). This file owns
+// memory access and launch only; every bit comes from the shared core, so the GPU agrees with
+// the CPU backend by construction. Included by qdq_<dtype>.cu, one translation unit per
+// storage type so nvcc/hipcc can build them in parallel.
+//
+// The tensor is [outer, length, inner] with blocks of block_size along `length` (Geometry).
+//
+// inner == 1 (blocked axis innermost): a group of G lanes (a power of two <= 32) takes one
+//   block; each lane holds V consecutive elements (V = 16 bytes / element size when the
+//   block and the row are multiples of V and the buffers are 16-byte aligned, else 1), so
+//   a 32-lane group reads 32 * V consecutive elements with one vector load per lane. The
+//   block maximum is a butterfly of shuffles over the group, sub-block maxima (to_bfp_prime)
+//   are in-thread, a narrower butterfly, or a segmented scan. A block too long for one load
+//   per lane is walked by a whole 32-lane group in slices of 32 * V elements, in several
+//   passes that re-read the block (from cache).
+// inner > 1 (blocked axis outer): neighbouring threads take neighbouring columns, each
+//   walking its own block down the column, so every row access of a warp is contiguous.
+//   Blocks of up to 32 elements stay in registers; longer ones are re-read per pass.
+//
+// Indexing is 64-bit; kernels allocate nothing and grid-stride, so any size launches.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../common/block_ops.h"
+#include "../common/params.h"
+#include "gpu_runtime.h"
+
+namespace mxops::gpu {
+
+constexpr int kThreadsPerCta = 256;
+constexpr int64_t kMaxCtas = int64_t{1} << 22;  // grid-stride beyond (HIP caps x threads at 2^32)
+constexpr int kCachedStridedRows = 32;        // inner > 1: blocks this long stay in registers
+
+// How a contiguous kernel finds the maximum of each sub-block (to_bfp_prime).
+enum class SubMode : int {
+  kNone = 0,       // no sub-blocks (to_bfp, MX)
+  kInThread = 1,   // sub_block_size divides V: inside one lane's vector
+  kLanes = 2,      // sub_block_size = V * w, w a power of two: butterfly over w lanes
+  kSlices = 3,     // sub_block_size a multiple of 32 * V: whole slices (uncached kernel only)
+  kSegmented = 4,  // V == 1, any size: segmented max-scan over the group (cached kernel only)
+};
+
+struct QdqArgs {
+  const void* x;
+  void* y;
+  int64_t length, inner;
+  int64_t num_blocks;    // outer * blocks_along
+  int64_t blocks_along;  // blocks per row
+  int block_size;
+  int sub;               // sub_block_size (block_size when there are none)
+  int group;             // lanes per block G, a power of two <= 32 (cached contiguous kernel)
+  int lanes_per_sub;     // w of SubMode::kLanes
+  SubMode sub_mode;
+  bool uniform;          // length % block_size == 0: block b starts at b * block_size
+};
+
+__device__ __forceinline__ int64_t global_thread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Divides non-negative a by b > 0 in 32 bits when both fit (the common case), else 64.
+__device__ __forceinline__ void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
+  if (((a | b) >> 31) == 0) {
+    const uint32_t q32 = static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    q = q32;
+    r = a - static_cast<int64_t>(q32) * b;
+  } else {
+    q = a / b;
+    r = a - q * b;
+  }
+}
+
+// Block b of the [outer, blocks_along] grid of blocks: its first element's row index
+// (o * length + j0, in rows of `inner` elements) and its element count n <= block_size.
+__device__ __forceinline__ void locate_block(const QdqArgs& a, int64_t b, int64_t& start, int& n) {
+  if (a.uniform) {
+    start = b * a.block_size;
+    n = a.block_size;
+    return;
+  }
+  int64_t o, blk;
+  divmod(b, a.blocks_along, o, blk);
+  const int64_t j0 = blk * a.block_size;
+  start = o * a.length + j0;
+  const int64_t left = a.length - j0;
+  n = left < a.block_size ? static_cast<int>(left) : a.block_size;
+}
+
+// Maximum over the aligned group of `width` lanes (a power of two <= 32) around this lane.
+__device__ __forceinline__ int group_max(int v, int width) {
+  for (int m = 1; m < width; m <<= 1) v = imax(v, port::shfl_xor(v, m));
+  return v;
+}
+
+// V elements of T at an address aligned to V * sizeof(T) (16 bytes when V > 1).
+template <class T, int V>
+union Vec {
+  static_assert(V == 1 || sizeof(T) * V == 16, "vectors are 16 bytes");
+  using Word = std::conditional_t<V == 1, T, uint4>;
+  Word word;
+  T e[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, T (&out)[V]) {
+  Vec<T, V> v;
+  v.word = *reinterpret_cast<const typename Vec<T, V>::Word*>(p);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = v.e[i];
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_vec(T* __restrict__ p, const T (&in)[V]) {
+  Vec<T, V> v;
+#pragma unroll
+  for (int i = 0; i < V; ++i) v.e[i] = in[i];
+  *reinterpret_cast<typename Vec<T, V>::Word*>(p) = v.word;
+}
+
+// Sub-block maxima of the V elements of one lane, for the in-thread and lane modes.
+template <int V>
+__device__ __forceinline__ void lane_sub_max(const int (&key)[V], const QdqArgs& a, int (&sm)[V]) {
+  if (a.sub_mode == SubMode::kInThread) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) sm[i] = key[i];
+    if (V > 1) {
+      // Segments of a.sub (which divides V): running maximum forward, then spread backward.
+#pragma unroll
+      for (int i = 1; i < V; ++i)
+        if (i % a.sub != 0) sm[i] = imax(sm[i], sm[i - 1]);
+#pragma unroll
+      for (int i = V - 2; i >= 0; --i)
+        if ((i + 1) % a.sub != 0) sm[i] = sm[i + 1];
+    }
+  } else {  // kLanes: the lane's maximum, then a butterfly over lanes_per_sub lanes
+    int m = 0;
+#pragma unroll
+    for (int i = 0; i < V; ++i) m = imax(m, key[i]);
+    m = group_max(m, a.lanes_per_sub);
+#pragma unroll
+    for (int i = 0; i < V; ++i) sm[i] = m;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// inner == 1, block held in registers: G lanes x V elements per block, U blocks per lane.
+// ------------------------------------------------------------------------------------------
+template <class Ld, class Policy, int V>
+__global__ void __launch_bounds__(kThreadsPerCta)
+contiguous_cached_kernel(QdqArgs a, Policy pol) {
+  using T = typename Ld::T;
+  using Params = typename Policy::Params;
+  constexpr int U = V == 1 ? 8 : 16 / V;  // blocks in flight per lane
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  T* __restrict__ y = static_cast<T*>(a.y);
+  const int lane = static_cast<int>(threadIdx.x) % kGroupLanes;
+  const int G = a.group;
+  const int groups = kGroupLanes / G;  // blocks side by side in a 32-lane group
+  const int gr = lane / G, r = lane % G;
+  const int64_t per_unit = static_cast<int64_t>(groups) * U;
+  const int64_t units = (a.num_blocks + per_unit - 1) / per_unit;
+
+  // The loop bound is the same for the 32 lanes of a group, which keeps shuffles converged.
+  for (int64_t unit = global_thread() / kGroupLanes; unit < units;
+       unit += grid_threads() / kGroupLanes) {
+    float v[U][V];
+    int64_t off[U];
+    bool live[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t b = unit * per_unit + static_cast<int64_t>(u) * groups + gr;
+      int64_t start = 0;
+      int n = 0;
+      if (b < a.num_blocks) locate_block(a, b, start, n);
+      live[u] = r * V < n;  // n is a multiple of V when V > 1
+      off[u] = start + static_cast<int64_t>(r) * V;
+      T raw[V];
+      if (live[u]) {
+        load_vec<T, V>(x + off[u], raw);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[u][i] = Ld::load(raw[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[u][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int key[V];
+      int s = 0;
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        key[i] = live[u] ? pol.key(v[u][i]) : 0;  // padding never raises a maximum
+        s = imax(s, key[i]);
+      }
+      s = group_max(s, G);
+      T out[V];
+      if constexpr (Policy::kSubBlocks) {
+        int sm[V];
+        if (a.sub_mode == SubMode::kSegmented) {  // V == 1: lanes [seg, seg + sub) of the group
+          int m = key[0];
+          const int seg = r - r % a.sub;
+          for (int d = 1; d < G; d <<= 1) {
+            const int t = port::shfl_up(m, d, G);
+            if (r - d >= seg) m = imax(m, t);
+          }
+          const int last = imin(seg + a.sub, G) - 1;
+          sm[0] = port::shfl(m, last, G);  // lanes past the block's end hold key 0
+#pragma unroll
+          for (int i = 1; i < V; ++i) sm[i] = sm[0];
+        } else {
+          lane_sub_max<V>(key, a, sm);
+        }
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = Ld::store(pol.apply(v[u][i], pol.params(s, sm[i])));
+      } else {
+        const Params prm = pol.params(s, 0);
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = Ld::store(pol.apply(v[u][i], prm));
+      }
+      if (live[u]) store_vec<T, V>(y + off[u], out);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// inner == 1, long blocks: a 32-lane group per block, slices of 32 * V elements, re-read.
+// ------------------------------------------------------------------------------------------
+template <class Ld, class Policy, int V>
+__device__ __forceinline__ int slice_keys(const typename Ld::T* __restrict__ p, int64_t j, int n,
+                                          const Policy& pol, int (&key)[V], float (&v)[V]) {
+  int m = 0;
+  if (j < n) {
+    typename Ld::T raw[V];
+    load_vec<typename Ld::T, V>(p + j, raw);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      v[i] = Ld::load(raw[i]);
+      key[i] = pol.key(v[i]);
+      m = imax(m, key[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      v[i] = 0.0f;
+      key[i] = 0;
+    }
+  }
+  return m;
+}
+
+template <class Ld, class Policy, int V>
+__global__ void __launch_bounds__(kThreadsPerCta)
+contiguous_long_kernel(QdqArgs a, Policy pol) {
+  using T = typename Ld::T;
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  T* __restrict__ y = static_cast<T*>(a.y);
+  const int lane = static_cast<int>(threadIdx.x) % kGroupLanes;
+  constexpr int kSlice = kGroupLanes * V;
+
+  for (int64_t b = global_thread() / kGroupLanes; b < a.num_blocks;
+       b += grid_threads() / kGroupLanes) {
+    int64_t start;
+    int n;
+    locate_block(a, b, start, n);
+    const T* __restrict__ xb = x + start;
+    T* __restrict__ yb = y + start;
+    int key[V];
+    float v[V];
+    int s = 0;
+    for (int j0 = 0; j0 < n; j0 += kSlice)
+      s = imax(s, slice_keys<Ld, Policy, V>(xb, j0 + lane * V, n, pol, key, v));
+    s = group_max(s, kGroupLanes);
+
+    if constexpr (Policy::kSubBlocks) {
+      if (a.sub_mode == SubMode::kSlices) {
+        for (int q0 = 0; q0 < n; q0 += a.sub) {  // one sub-block of whole slices at a time
+          const int q1 = imin(n, q0 + a.sub);
+          int sm = 0;
+          for (int j0 = q0; j0 < q1; j0 += kSlice)
+            sm = imax(sm, slice_keys<Ld, Policy, V>(xb, j0 + lane * V, q1, pol, key, v));
+          sm = group_max(sm, kGroupLanes);
+          const auto prm = pol.params(s, sm);
+          for (int j0 = q0; j0 < q1; j0 += kSlice) {
+            const int j = j0 + lane * V;
+            slice_keys<Ld, Policy, V>(xb, j, q1, pol, key, v);
+            T out[V];
+#pragma unroll
+            for (int i = 0; i < V; ++i) out[i] = Ld::store(pol.apply(v[i], prm));
+            if (j < q1) store_vec<T, V>(yb + j, out);
+          }
+        }
+      } else {  // kInThread / kLanes: sub-blocks lie inside a slice
+        for (int j0 = 0; j0 < n; j0 += kSlice) {
+          const int j = j0 + lane * V;
+          slice_keys<Ld, Policy, V>(xb, j, n, pol, key, v);
+          int sm[V];
+          lane_sub_max<V>(key, a, sm);
+          T out[V];
+#pragma unroll
+          for (int i = 0; i < V; ++i) out[i] = Ld::store(pol.apply(v[i], pol.params(s, sm[i])));
+          if (j < n) store_vec<T, V>(yb + j, out);
+        }
+      }
+    } else {
+      const auto prm = pol.params(s, 0);
+      for (int j0 = 0; j0 < n; j0 += kSlice) {
+        const int j = j0 + lane * V;
+        slice_keys<Ld, Policy, V>(xb, j, n, pol, key, v);
+        T out[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = Ld::store(pol.apply(v[i], prm));
+        if (j < n) store_vec<T, V>(yb + j, out);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Any inner (used for inner > 1, and as the general fallback for inner == 1): one thread per
+// (block, column), walking the block down its column; neighbouring threads take neighbouring
+// columns. kCached: block_size <= kCachedStridedRows, values stay in registers.
+// ------------------------------------------------------------------------------------------
+template <class Ld, class Policy, bool kCached>
+__global__ void __launch_bounds__(kThreadsPerCta)
+strided_kernel(QdqArgs a, Policy pol) {
+  using T = typename Ld::T;
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  T* __restrict__ y = static_cast<T*>(a.y);
+  const int64_t columns = a.num_blocks * a.inner;
+  const int64_t stride = a.inner;
+
+  for (int64_t t = global_thread(); t < columns; t += grid_threads()) {
+    int64_t b, col;
+    divmod(t, a.inner, b, col);
+    int64_t start;
+    int n;
+    locate_block(a, b, start, n);
+    const int64_t base = start * stride + col;
+
+    if constexpr (kCached) {
+      constexpr int R = kCachedStridedRows;
+      float v[R];
+      int key[R];
+      int s = 0;
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        v[j] = j < n ? Ld::load(x[base + j * stride]) : 0.0f;
+        key[j] = j < n ? pol.key(v[j]) : 0;
+        s = imax(s, key[j]);
+      }
+      if constexpr (Policy::kSubBlocks) {
+        // Segmented maximum over sub-blocks of a.sub rows: forward scan, then spread back.
+        int sm[R];
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+          sm[j] = (j % a.sub == 0) ? key[j] : imax(key[j], sm[j > 0 ? j - 1 : 0]);
+#pragma unroll
+        for (int j = R - 2; j >= 0; --j)
+          if ((j + 1) % a.sub != 0 && j + 1 < n) sm[j] = sm[j + 1];
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+          if (j < n) y[base + j * stride] = Ld::store(pol.apply(v[j], pol.params(s, sm[j])));
+      } else {
+        const auto prm = pol.params(s, 0);
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+          if (j < n) y[base + j * stride] = Ld::store(pol.apply(v[j], prm));
+      }
+    } else {
+      int s = 0;
+      for (int j = 0; j < n; ++j) s = imax(s, pol.key(Ld::load(x[base + j * stride])));
+      const int sub = Policy::kSubBlocks ? a.sub : n;
+      for (int q0 = 0; q0 < n; q0 += sub) {
+        const int q1 = imin(n, q0 + sub);
+        int sm = 0;
+        if constexpr (Policy::kSubBlocks)
+          for (int j = q0; j < q1; ++j) sm = imax(sm, pol.key(Ld::load(x[base + j * stride])));
+        const auto prm = pol.params(s, sm);
+        for (int j = q0; j < q1; ++j)
+          y[base + j * stride] = Ld::store(pol.apply(Ld::load(x[base + j * stride]), prm));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Host side: choose a kernel for the geometry and launch it on the stream.
+// ------------------------------------------------------------------------------------------
+
+template <class L>
+struct LoaderIO;
+template <class IO, bool B>
+struct LoaderIO<Loader<IO, B>> {
+  using type = IO;
+};
+
+inline int pow2_ceil(int v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+inline bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+inline unsigned grid_for(int64_t threads) {
+  int64_t ctas = (threads + kThreadsPerCta - 1) / kThreadsPerCta;
+  if (ctas < 1) ctas = 1;
+  if (ctas > kMaxCtas) ctas = kMaxCtas;
+  return static_cast<unsigned>(ctas);
+}
+
+// Picks the sub-block mode of a contiguous kernel with V elements per lane, or returns false
+// when that layout cannot find the sub-block maxima (the caller then tries V = 1, then the
+// per-thread walk).
+inline bool choose_sub_mode(bool has_sub, int sub, int V, bool cached, int G, QdqArgs& a) {
+  a.lanes_per_sub = 1;
+  if (!has_sub) {
+    a.sub_mode = SubMode::kNone;
+    return true;
+  }
+  if (V % sub == 0) {
+    a.sub_mode = SubMode::kInThread;
+    return true;
+  }
+  const int lanes = G;
+  if (sub % V == 0 && is_pow2(sub / V) && sub / V <= lanes) {
+    a.sub_mode = SubMode::kLanes;
+    a.lanes_per_sub = sub / V;
+    return true;
+  }
+  if (!cached && sub % (kGroupLanes * V) == 0) {
+    a.sub_mode = SubMode::kSlices;
+    return true;
+  }
+  if (cached && V == 1) {
+    a.sub_mode = SubMode::kSegmented;
+    return true;
+  }
+  return false;
+}
+
+template <class Ld, class Policy, int V>
+bool try_contiguous(QdqArgs a, const Policy& pol, cudaStream_t stream) {
+  const int chunks = (a.block_size + V - 1) / V;
+  const bool cached = chunks <= kGroupLanes;
+  const int G = cached ? pow2_ceil(chunks) : kGroupLanes;
+  int sub = a.block_size;
+  if constexpr (Policy::kSubBlocks) sub = pol.sub_block_size;
+  a.sub = sub;
+  a.group = G;
+  if (!choose_sub_mode(Policy::kSubBlocks, sub, V, cached, G, a)) return false;
+  if (cached) {
+    constexpr int U = V == 1 ? 8 : 16 / V;
+    const int64_t per_unit = static_cast<int64_t>(kGroupLanes / G) * U;
+    const int64_t units = (a.num_blocks + per_unit - 1) / per_unit;
+    contiguous_cached_kernel<Ld, Policy, V>
+        <<<grid_for(units * kGroupLanes), kThreadsPerCta, 0, stream>>>(a, pol);
+  } else {
+    contiguous_long_kernel<Ld, Policy, V>
+        <<<grid_for(a.num_blocks * kGroupLanes), kThreadsPerCta, 0, stream>>>(a, pol);
+  }
+  return true;
+}
+
+template <class Ld, class Policy>
+void launch_strided(QdqArgs a, const Policy& pol, cudaStream_t stream) {
+  a.sub = a.block_size;
+  if constexpr (Policy::kSubBlocks) a.sub = pol.sub_block_size;
+  const unsigned grid = grid_for(a.num_blocks * a.inner);
+  if (a.block_size <= kCachedStridedRows)
+    strided_kernel<Ld, Policy, true><<<grid, kThreadsPerCta, 0, stream>>>(a, pol);
+  else
+    strided_kernel<Ld, Policy, false><<<grid, kThreadsPerCta, 0, stream>>>(a, pol);
+}
+
+// The functor dispatch_block_op calls; launches only for storage type IO (the other types
+// are instantiated in their own translation units).
+template <class IO>
+struct QdqLauncher {
+  QdqArgs args;
+  cudaStream_t stream;
+
+  template <class Ld, class Policy>
+  void run(const Policy& pol) const {
+    if constexpr (std::is_same_v<typename LoaderIO<Ld>::type, IO>) {
+      using T = typename Ld::T;
+      constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+      const QdqArgs& a = args;
+      if (a.inner == 1) {
+        const bool aligned = (reinterpret_cast<uintptr_t>(a.x) % 16 == 0) &&
+                             (reinterpret_cast<uintptr_t>(a.y) % 16 == 0);
+        if (aligned && a.block_size % kVec == 0 && a.length % kVec == 0 &&
+            try_contiguous<Ld, Policy, kVec>(a, pol, stream))
+          return;
+        if (try_contiguous<Ld, Policy, 1>(a, pol, stream)) return;
+      }
+      launch_strided<Ld, Policy>(a, pol, stream);
+    }
+  }
+};
+
+// Launches the quantize-dequantize of a non-empty, non-identity tensor of storage type IO.
+template <class IO>
+void launch_qdq_for(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
+                    cudaStream_t stream) {
+  QdqArgs a{};
+  a.x = x;
+  a.y = y;
+  a.length = g.length;
+  a.inner = g.inner;
+  a.block_size = p.block_size;
+  a.blocks_along = g.blocks_along(p.block_size);
+  a.num_blocks = g.outer * a.blocks_along;
+  a.uniform = g.length % p.block_size == 0;
+  a.sub = p.block_size;
+  a.group = 1;
+  a.lanes_per_sub = 1;
+  a.sub_mode = SubMode::kNone;
+  dispatch_block_op(p, t, QdqLauncher<IO>{a, stream});
+}
+
+}  // namespace mxops::gpu

@@ -1,0 +1,30 @@
+"""The CPU kernels on numpy arrays, with the signatures of ``ort_mx_ops.reference``.
+
+Results are bit-identical to the ONNX Runtime ops (the same C++ code computes both); the
+quantizer uses these to fold weights offline. Arrays of any layout are accepted; the result
+is a new C-contiguous array of the input's dtype and shape. bfloat16 is passed as a uint16
+array of bit patterns with ``dtype="bfloat16"``.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import _native
+
+__all__ = ["bfp_quantize_dequantize", "mx_quantize_dequantize"]
+
+_DEFAULT_THREADS = os.cpu_count() or 1
+
+
+def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
+                            threads: int = _DEFAULT_THREADS, **attrs: int | str) -> np.ndarray:
+    """``BFPQuantizeDequantize`` with the node's attributes as keyword arguments."""
+    return _native.quantize_dequantize("BFP", np.asarray(x), attrs, dtype or "", threads)
+
+
+def mx_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
+                           threads: int = _DEFAULT_THREADS, **attrs: int | str) -> np.ndarray:
+    """``MXQuantizeDequantize`` with the node's attributes as keyword arguments."""
+    return _native.quantize_dequantize("MX", np.asarray(x), attrs, dtype or "", threads)

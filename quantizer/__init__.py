@@ -1,0 +1,14 @@
+"""The ort_mx_ops quantizer: put BFP, MX and BF16 quantize-dequantize nodes into ONNX models.
+
+``quantize_model(model_input, model_output, "MXFP8E4M3")`` quantizes the inputs of Conv,
+ConvTranspose, Gemm and MatMul along their reduction axes and folds the weights offline;
+see :class:`QuantizationConfig` for every option and ``ort-mx-quantize --help`` for the CLI.
+"""
+from .config import (FormatSpec, QuantizationConfig, get_config, config_names,
+                     DEFAULT_OP_TYPES)
+from .quantize import quantize_model, fold_weight
+from .summary import QuantizationSummary
+from .calibration import CalibrationDataReader
+
+__all__ = ["quantize_model", "fold_weight", "FormatSpec", "QuantizationConfig", "get_config",
+           "config_names", "DEFAULT_OP_TYPES", "QuantizationSummary", "CalibrationDataReader"]

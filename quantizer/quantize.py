@@ -1,0 +1,397 @@
+"""``quantize_model``: insert BFP / MX / BF16 quantize-dequantize nodes into an ONNX model.
+
+The steps, each in its own module: :mod:`.placement` decides the tensors and their axes,
+:mod:`.calibration` measures ranges where a BF16 scale needs them, this module rewrites the
+graph (folding weights offline with the native kernels, or inserting runtime nodes) and
+writes the result atomically; :mod:`.summary` describes what was done.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any, Optional, Union
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, TensorProto
+
+from ort_mx_ops import reference
+from ort_mx_ops.formats import QUARK_DOMAIN, LEGACY_DOMAIN
+
+from .calibration import collect_abs_max, CalibrationDataReader
+from .config import QuantizationConfig, FormatSpec, get_config
+from .graph import ModelView
+from .placement import plan_model, Site
+from .summary import QuantizationSummary, SiteRecord
+
+__all__ = ["quantize_model", "fold_weight", "save_model_atomic", "EXTERNAL_DATA_THRESHOLD"]
+
+# Protobuf cannot serialise a message of 2 GiB or more; stay clear of it with some margin.
+EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 64 * 1024 ** 2
+
+_OP_NAMES = {("BFP", False): ("BFPQuantizeDequantize", QUARK_DOMAIN),
+             ("MX", False): ("MXQuantizeDequantize", QUARK_DOMAIN),
+             ("BFP", True): ("BFPFixNeuron", LEGACY_DOMAIN),
+             ("MX", True): ("MXFixNeuron", LEGACY_DOMAIN)}
+
+ModelInput = Union[str, os.PathLike, onnx.ModelProto]
+
+
+def _native():
+    try:
+        from ort_mx_ops import native  # the pybind11 module built with the library
+    except ImportError as exc:
+        raise RuntimeError(
+            "folding weights needs the native kernels (ort_mx_ops.native), which this "
+            "installation lacks; reinstall the package so that its extension builds, or pass "
+            "fold_weights=False to keep a runtime node on each weight") from exc
+    return native
+
+
+def _node_attrs(spec: FormatSpec, axis: int) -> dict[str, Any]:
+    attrs = spec.full_attrs()
+    if spec.op == "BFP" and not attrs.get("use_compiler_version_cpu_kernel"):
+        attrs.pop("use_compiler_version_cpu_kernel", None)
+    return {**attrs, "axis": int(axis)}
+
+
+def fold_weight(values: np.ndarray, spec: FormatSpec, axis: Optional[int],
+                bf16_scale: float = 1.0) -> np.ndarray:
+    """The values a runtime node of ``spec`` along ``axis`` would produce for the constant
+    ``values``, bit for bit: BFP and MX through the native kernels (the same code the ORT op
+    runs), BF16 through the Extended Q/DQ formulas with ``bf16_scale``."""
+    if spec.op == "BF16":
+        scale = np.float32(bf16_scale)
+        zp = np.zeros((), dtype=np.uint16)
+        q = reference.extended_quantize_linear(values.astype(np.float32), scale, zp)
+        return reference.extended_dequantize_linear(q, scale, zp).astype(values.dtype)
+    native = _native()
+    attrs = _node_attrs(spec, 0 if axis is None else axis)
+    fn = native.bfp_quantize_dequantize if spec.op == "BFP" else native.mx_quantize_dequantize
+    out = np.asarray(fn(np.ascontiguousarray(values), **attrs))
+    if out.shape != values.shape or out.dtype != values.dtype:
+        raise RuntimeError(f"native {spec.op} kernel returned {out.dtype}{out.shape} for "
+                           f"{values.dtype}{values.shape}")
+    return out
+
+
+class _Names:
+    """Fresh tensor and node names that collide with nothing in the graph."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.used: set[str] = {i.name for i in graph.initializer} | \
+            {i.name for i in graph.input} | {o.name for o in graph.output} | \
+            {n.name for n in graph.node}
+        for n in graph.node:
+            self.used.update(n.input)
+            self.used.update(n.output)
+
+    def new(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
+def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str]]:
+    if isinstance(model_input, onnx.ModelProto):
+        m = onnx.ModelProto()
+        m.CopyFrom(model_input)  # never modify the caller's object
+        return m, None
+    path = os.fspath(model_input)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model file not found: {path}")
+    return onnx.load(path, load_external_data=True), path
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    return 0
+
+
+def _tensor_bytes(model: onnx.ModelProto) -> int:
+    total = sum(len(t.raw_data) or numpy_helper.to_array(t).nbytes
+                for t in model.graph.initializer)
+    for n in model.graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                total += len(a.t.raw_data)
+    return total
+
+
+def save_model_atomic(model: onnx.ModelProto, path: str,
+                      external_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
+    """Check ``model`` with ``onnx.checker`` and write it to ``path`` through a temporary file
+    and ``os.replace``, so a reader never sees a half-written model.  Tensors go to
+    ``<name>.data`` beside it when they total ``external_threshold`` bytes or more."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    external = _tensor_bytes(model) >= external_threshold
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".ort-mx-quantize-") as tmp:
+        tmp_model = os.path.join(tmp, os.path.basename(path))
+        if external:
+            location = os.path.basename(path) + ".data"
+            onnx.save_model(model, tmp_model, save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=location,
+                            size_threshold=1024, convert_attribute=True)
+            onnx.checker.check_model(tmp_model)
+            os.replace(os.path.join(tmp, location), os.path.join(directory, location))
+        else:
+            onnx.checker.check_model(model)
+            onnx.save_model(model, tmp_model)
+        os.replace(tmp_model, path)
+
+
+def _add_opset(model: onnx.ModelProto, domain: str) -> None:
+    if not any(o.domain == domain for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+
+
+def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os.PathLike]],
+                   config: Union[str, QuantizationConfig],
+                   calibration_data_reader: Optional[CalibrationDataReader] = None,
+                   *, progress: bool = False, **options: Any) -> QuantizationSummary:
+    """Quantize ``model_input`` (a path or a ModelProto, which is left untouched) with
+    ``config`` (a SPEC section 3 name such as ``"MXFP8E4M3"``, or a
+    :class:`QuantizationConfig`) and write the result to ``model_output`` (None: only return
+    it, as ``summary.model``).
+
+    ``options`` override config fields: ``op_types_to_quantize``, ``nodes_to_exclude``,
+    ``quantize_all_op_types``, ``placement`` ("default" or "quark"), ``fold_weights``,
+    ``legacy_names``, ``bf16_qdq_to_cast``, ``bf16_weight_scaled``,
+    ``bf16_activation_scaled``, ``bf16_scale_target``, ``quantize_bias``.
+    ``calibration_data_reader`` follows onnxruntime's ``CalibrationDataReader``; it is read
+    only where a range is needed (BF16 activation rescaling).
+
+    The output keeps the input's IR version, opsets, graph inputs, outputs and tensor names,
+    imports the custom domains it uses at version 1, passes ``onnx.checker``, and is never
+    written over the input file.  Returns a :class:`QuantizationSummary`."""
+    start = time.perf_counter()
+    cfg = get_config(config, **options)
+    if model_output is not None and not isinstance(model_input, onnx.ModelProto):
+        if _same_file(os.fspath(model_input), os.fspath(model_output)):
+            raise ValueError(f"refusing to write the quantized model over its input "
+                             f"{os.fspath(model_input)!r}; choose another output path")
+    model, in_path = _load(model_input)
+    input_bytes = os.path.getsize(in_path) if in_path else model.ByteSize()
+    uses_bf16 = any(s is not None and s.op == "BF16" for s in (cfg.activation, cfg.weight))
+    if uses_bf16 and cfg.bf16_qdq_to_cast and _default_opset(model) < 13:
+        raise ValueError(f"bf16_qdq_to_cast needs ONNX opset >= 13 (Cast to BFLOAT16); this "
+                         f"model imports opset {_default_opset(model)}. Use the Extended Q/DQ "
+                         "pair (the default) or convert the model's opset first")
+
+    view = ModelView(model, base_dir=os.path.dirname(in_path) if in_path else None)
+    plan = plan_model(view, cfg)
+
+    # Ranges, where a BF16 scale is derived from them.
+    act_scales: dict[str, float] = {}
+    scaled_acts = [s.tensor for s in plan.sites
+                   if s.kind == "activation" and s.spec.op == "BF16" and cfg.bf16_activation_scaled]
+    if scaled_acts:
+        if calibration_data_reader is None:
+            raise ValueError("bf16_activation_scaled needs a calibration_data_reader "
+                             "(MinMax calibration of the activation ranges)")
+        ranges = collect_abs_max(model, scaled_acts, calibration_data_reader, progress=progress)
+        act_scales = {t: _scale_from_range(r, cfg.bf16_scale_target) for t, r in ranges.items()}
+
+    rewriter = _Rewriter(model, view, cfg)
+    records = [rewriter.apply(site, act_scales.get(site.tensor)) for site in plan.sites]
+    plan.skipped.extend(rewriter.skipped)
+    records = [r for r in records if r is not None]
+    rewriter.finish()
+
+    summary = QuantizationSummary(
+        config=cfg.name, placement=cfg.placement, fold_weights=cfg.fold_weights,
+        sites=records, skipped=plan.skipped, conflicts=plan.conflicts,
+        input_bytes=input_bytes, model=model)
+    if model_output is not None:
+        save_model_atomic(model, os.fspath(model_output))
+        out = os.fspath(model_output)
+        summary.output_bytes = os.path.getsize(out)
+        data = out + ".data"
+        if os.path.exists(data) and any(
+                e.key == "location" for t in model.graph.initializer for e in t.external_data):
+            summary.output_bytes += os.path.getsize(data)
+    else:
+        onnx.checker.check_model(model)
+        summary.output_bytes = model.ByteSize()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _scale_from_range(abs_max: float, target: float) -> float:
+    """Scale that maps ``abs_max`` to ``target`` (1.0 for an all-zero tensor)."""
+    if not np.isfinite(abs_max) or abs_max <= 0:
+        return 1.0
+    return float(np.float32(abs_max) / np.float32(target))
+
+
+class _Rewriter:
+    """Applies sites to the graph: folds weights or queues runtime nodes, then rebuilds the
+    node list with each inserted node placed just before its first consumer."""
+
+    def __init__(self, model: onnx.ModelProto, view: ModelView, cfg: QuantizationConfig):
+        self.model, self.view, self.cfg = model, view, cfg
+        self.graph = model.graph
+        self.names = _Names(self.graph)
+        self.before: dict[int, list[onnx.NodeProto]] = {}
+        self.new_inits: list[onnx.TensorProto] = []
+        self.domains: set[str] = set()
+        self.skipped: list[str] = []
+        self._bf16_consts: dict[float, tuple[str, str]] = {}
+
+    # -- helpers -------------------------------------------------------------------------
+    def _rewire(self, site: Site, new_name: str) -> None:
+        for node_idx, k in site.consumers:
+            self.graph.node[node_idx].input[k] = new_name
+
+    def _insert(self, site: Site, nodes: list[onnx.NodeProto]) -> None:
+        first = min(i for i, _ in site.consumers)
+        self.before.setdefault(first, []).extend(nodes)
+
+    def _bf16_params(self, scale: float) -> tuple[str, str]:
+        key = float(np.float32(scale))
+        if key not in self._bf16_consts:
+            s_name = self.names.new("bf16_scale" if key == 1.0 else "bf16_scale_rescaled")
+            z_name = self.names.new("bf16_zero_point")
+            self.new_inits.append(numpy_helper.from_array(np.array(key, dtype=np.float32), s_name))
+            zp = helper.make_tensor(z_name, TensorProto.BFLOAT16, [], [0])
+            self.new_inits.append(zp)
+            self._bf16_consts[key] = (s_name, z_name)
+        return self._bf16_consts[key]
+
+    def _weight_scale(self, site: Site, values: Optional[np.ndarray]) -> float:
+        if site.spec.op != "BF16" or not self.cfg.bf16_weight_scaled:
+            return 1.0
+        if values is None:
+            values = self.view.weights[site.tensor].array(self.view.base_dir)
+        finite = np.abs(values[np.isfinite(values)]).astype(np.float32)
+        return _scale_from_range(float(finite.max()) if finite.size else 0.0,
+                                 self.cfg.bf16_scale_target)
+
+    # -- one site ------------------------------------------------------------------------
+    def apply(self, site: Site, act_scale: Optional[float]) -> Optional[SiteRecord]:
+        elem = self.view.elem_type.get(site.tensor)
+        if site.spec.op == "BF16" and elem not in (None, TensorProto.FLOAT) and \
+                not self.cfg.bf16_qdq_to_cast:
+            self.skipped.append(f"{site.tensor}: BF16 Extended Q/DQ takes float32 tensors; "
+                                f"this one is {TensorProto.DataType.Name(elem)}; left float")
+            return None
+        if site.kind == "weight" and self.cfg.fold_weights:
+            return self._fold(site)
+        scale = act_scale if site.kind == "activation" else None
+        if site.kind == "weight":
+            scale = self._weight_scale(site, None)
+        return self._runtime(site, 1.0 if scale is None else scale, elem)
+
+    def _fold(self, site: Site) -> SiteRecord:
+        ref = self.view.weights[site.tensor]
+        values = ref.array(self.view.base_dir)
+        scale = self._weight_scale(site, values)
+        folded = fold_weight(values, site.spec, site.axis, scale)
+        all_consumers = self.view.consumers.get(site.tensor, [])
+        exclusive = len(all_consumers) == len(site.consumers) and \
+            site.tensor not in self.view.graph_outputs
+        if exclusive:
+            # Every reader gets the quantized values: replace the tensor under its own name.
+            new_t = numpy_helper.from_array(folded, site.tensor)
+            ref.tensor.CopyFrom(new_t)
+            name = site.tensor
+        else:
+            name = self.names.new(f"{site.tensor}_{site.spec.name}_folded")
+            self.new_inits.append(numpy_helper.from_array(folded, name))
+            self._rewire(site, name)
+        return SiteRecord.from_site(site, folded=True, numel=int(values.size),
+                                    itemsize=values.dtype.itemsize, bf16_scale=scale,
+                                    output=name)
+
+    def _runtime(self, site: Site, scale: float, elem: Optional[int]) -> SiteRecord:
+        t = site.tensor
+        nodes: list[onnx.NodeProto] = []
+        if site.spec.op == "BF16":
+            out = self.names.new(f"{t}_DequantizeLinear_Output")
+            if self.cfg.bf16_qdq_to_cast:
+                src = t
+                scale_name = None
+                if scale != 1.0:
+                    scale_name = self.names.new(f"{t}_bf16_scale")
+                    self.new_inits.append(numpy_helper.from_array(
+                        np.array(scale, dtype=np.float32 if elem in (None, TensorProto.FLOAT)
+                                 else onnx.helper.tensor_dtype_to_np_dtype(elem)), scale_name))
+                    src = self.names.new(f"{t}_scaled")
+                    nodes.append(helper.make_node("Div", [t, scale_name], [src],
+                                                  name=self.names.new(f"{t}_bf16_Div")))
+                mid = self.names.new(f"{t}_bf16")
+                back = self.names.new(f"{t}_bf16_float") if scale_name else out
+                nodes.append(helper.make_node("Cast", [src], [mid], to=TensorProto.BFLOAT16,
+                                              name=self.names.new(f"{t}_Cast_bf16")))
+                nodes.append(helper.make_node("Cast", [mid], [back],
+                                              to=elem or TensorProto.FLOAT,
+                                              name=self.names.new(f"{t}_Cast_float")))
+                if scale_name:
+                    nodes.append(helper.make_node("Mul", [back, scale_name], [out],
+                                                  name=self.names.new(f"{t}_bf16_Mul")))
+            else:
+                s_name, z_name = self._bf16_params(scale) if scale == 1.0 else \
+                    self._site_bf16_params(t, scale)
+                mid = self.names.new(f"{t}_QuantizeLinear_Output")
+                nodes.append(helper.make_node("ExtendedQuantizeLinear", [t, s_name, z_name],
+                                              [mid], domain=QUARK_DOMAIN,
+                                              name=self.names.new(f"{t}_QuantizeLinear")))
+                nodes.append(helper.make_node("ExtendedDequantizeLinear", [mid, s_name, z_name],
+                                              [out], domain=QUARK_DOMAIN,
+                                              name=self.names.new(f"{t}_DequantizeLinear")))
+                self.domains.add(QUARK_DOMAIN)
+        else:
+            op_type, domain = _OP_NAMES[(site.spec.op, self.cfg.legacy_names)]
+            out = self.names.new(f"{t}_{site.spec.name}")
+            nodes.append(helper.make_node(op_type, [t], [out], domain=domain,
+                                          name=self.names.new(f"{t}_{op_type}"),
+                                          **_node_attrs(site.spec, site.axis or 0)))
+            self.domains.add(domain)
+        self._insert(site, nodes)
+        self._rewire(site, out)
+        ref = self.view.weights.get(t)
+        numel, itemsize = 0, 4
+        if ref is not None:
+            numel = int(np.prod(ref.tensor.dims)) if ref.tensor.dims else 1
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(ref.tensor.data_type).itemsize
+        return SiteRecord.from_site(site, folded=False, numel=numel, itemsize=itemsize,
+                                    bf16_scale=scale if site.spec.op == "BF16" else None,
+                                    output=out, runtime_nodes=[n.op_type for n in nodes])
+
+    def _site_bf16_params(self, t: str, scale: float) -> tuple[str, str]:
+        s_name = self.names.new(f"{t}_bf16_scale")
+        self.new_inits.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), s_name))
+        _, z_name = self._bf16_params(1.0)
+        return s_name, z_name
+
+    # -- rebuild -------------------------------------------------------------------------
+    def finish(self) -> None:
+        nodes = list(self.graph.node)
+        rebuilt: list[onnx.NodeProto] = []
+        for idx, node in enumerate(nodes):
+            rebuilt.extend(self.before.get(idx, []))
+            rebuilt.append(node)
+        del self.graph.node[:]
+        self.graph.node.extend(rebuilt)
+        self.graph.initializer.extend(self.new_inits)
+        if self.model.ir_version < 4:
+            # Before IR 4 every initializer must also be a graph input.
+            for init in self.new_inits:
+                self.graph.input.append(helper.make_tensor_value_info(
+                    init.name, init.data_type, list(init.dims)))
+        for domain in sorted(self.domains):
+            _add_opset(self.model, domain)

@@ -1,0 +1,271 @@
+"""Build of ort-mx-ops: the CPU custom-op library, the pybind11 module, and the CUDA / ROCm
+libraries where their compilers are found. ninja drives the native build.
+
+ONNX Runtime's C/C++ headers come from a package at build time (SPEC section 4), in order:
+  1. $ORT_INCLUDE_DIR, a folder holding onnxruntime_c_api.h;
+  2. a system install (/usr/include/onnxruntime, e.g. Debian's libonnxruntime-dev);
+  3. Debian's libonnxruntime-dev, downloaded with apt-get into the build folder (not
+     installed), from the archive this machine's own apt configuration names, for the suite
+     $MXOPS_DEBIAN_SUITE (default "trixie").
+Environment switches: MXOPS_NO_CUDA=1 / MXOPS_NO_ROCM=1 skip a GPU backend;
+MXOPS_CUDA_ARCHS (default "80;90;100") and MXOPS_ROCM_ARCHS (default "gfx90a;gfx908;gfx1030").
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+CXXFLAGS = "-std=c++17 -O3 -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wextra"
+MIN_ORT_API_VERSION = 17  # KernelContext_ParallelFor, CreateKernelV2
+
+
+def log(message: str) -> None:
+    print(f"[ort-mx-ops build] {message}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX Runtime headers
+# --------------------------------------------------------------------------------------------
+
+def _ort_api_version(include_dir: Path) -> int | None:
+    header = include_dir / "onnxruntime_c_api.h"
+    if not header.is_file():
+        return None
+    match = re.search(r"#define ORT_API_VERSION (\d+)", header.read_text(errors="replace"))
+    return int(match.group(1)) if match else None
+
+
+def _debian_archive_uri() -> tuple[str, str]:
+    """The main Debian archive URI and keyring that this machine's apt configuration uses."""
+    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+        stanza_uri, keyring, suites = None, None, ""
+        for line in Path(path).read_text().splitlines() + [""]:
+            key, _, value = line.partition(":")
+            if key.strip() == "URIs":
+                stanza_uri = value.split()[0]
+            elif key.strip() == "Signed-By":
+                keyring = value.strip()
+            elif key.strip() == "Suites":
+                suites = value
+            elif not line.strip() and stanza_uri:
+                if "security" not in suites and "security" not in stanza_uri:
+                    return stanza_uri, keyring or "/usr/share/keyrings/debian-archive-keyring.gpg"
+                stanza_uri, keyring, suites = None, None, ""
+    if os.path.exists("/etc/apt/sources.list"):
+        for line in Path("/etc/apt/sources.list").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb" and "security" not in line:
+                uri = next(p for p in parts[1:] if "://" in p)
+                return uri, "/usr/share/keyrings/debian-archive-keyring.gpg"
+    raise RuntimeError("no Debian archive found in /etc/apt (sources.list or sources.list.d)")
+
+
+def _fetch_debian_headers(dest: Path) -> Path:
+    suite = os.environ.get("MXOPS_DEBIAN_SUITE", "trixie")
+    uri, keyring = _debian_archive_uri()
+    apt_dir = dest / "apt"
+    for sub in ("lists/partial", "cache/archives/partial", "etc"):
+        (apt_dir / sub).mkdir(parents=True, exist_ok=True)
+    sources = apt_dir / "etc" / "sources.list"
+    sources.write_text(f"deb [signed-by={keyring}] {uri} {suite} main\n")
+    options = [f"-o=Dir::Etc::SourceList={sources}", "-o=Dir::Etc::SourceParts=/dev/null",
+               f"-o=Dir::State::Lists={apt_dir / 'lists'}", f"-o=Dir::Cache={apt_dir / 'cache'}",
+               "-o=Dir::State::status=/dev/null", "-o=APT::Sandbox::User=root"]
+    log(f"fetching libonnxruntime-dev headers from Debian {suite} with apt-get (not installed)")
+    subprocess.run(["apt-get", *options, "update"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", *options, "download", "libonnxruntime-dev"], check=True,
+                   cwd=apt_dir, stdout=subprocess.DEVNULL)
+    deb = next(apt_dir.glob("libonnxruntime-dev_*.deb"))
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(dest / "root")], check=True)
+    return dest / "root" / "usr" / "include" / "onnxruntime"
+
+
+def find_ort_headers(build_dir: Path) -> Path:
+    """A folder with ONNX Runtime's C/C++ API headers (see the module docstring)."""
+    candidates = []
+    if os.environ.get("ORT_INCLUDE_DIR"):
+        candidates.append(Path(os.environ["ORT_INCLUDE_DIR"]))
+    candidates += [Path("/usr/include/onnxruntime"),
+                   build_dir / "ort-headers" / "root" / "usr" / "include" / "onnxruntime"]
+    for include_dir in candidates:
+        version = _ort_api_version(include_dir)
+        if version is not None and version >= MIN_ORT_API_VERSION:
+            log(f"ONNX Runtime headers: {include_dir} (ORT_API_VERSION {version})")
+            return include_dir
+    try:
+        include_dir = _fetch_debian_headers(build_dir / "ort-headers")
+    except (OSError, subprocess.CalledProcessError, RuntimeError, StopIteration) as exc:
+        raise RuntimeError(
+            "ort-mx-ops needs ONNX Runtime's C API headers (ORT_API_VERSION >= "
+            f"{MIN_ORT_API_VERSION}) and could not fetch Debian's libonnxruntime-dev ({exc}). "
+            "Install libonnxruntime-dev or set ORT_INCLUDE_DIR to a folder holding "
+            "onnxruntime_c_api.h and onnxruntime_cxx_api.h.") from exc
+    version = _ort_api_version(include_dir)
+    log(f"ONNX Runtime headers: {include_dir} (ORT_API_VERSION {version})")
+    return include_dir
+
+
+# --------------------------------------------------------------------------------------------
+# The ninja build
+# --------------------------------------------------------------------------------------------
+
+COMMON_SOURCES = ["csrc/common/params.cc", "csrc/cpu/qdq_cpu.cc"]
+REGISTRATION = "csrc/common/ort_ops.cc"
+
+
+def _ninja_binary() -> str:
+    try:
+        import ninja  # the PyPI package carries the binary
+        candidate = Path(ninja.BIN_DIR) / "ninja"
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:
+        pass
+    found = shutil.which("ninja")
+    if not found:
+        raise RuntimeError("ninja not found: pip install ninja")
+    return found
+
+
+def _find_hipcc() -> str | None:
+    for candidate in (shutil.which("hipcc"), "/opt/rocm/bin/hipcc", "/usr/bin/hipcc"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _obj(src: str, variant: str) -> str:
+    return f"obj/{variant}/" + src.replace("/", "_") + ".o"
+
+
+def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Path,
+                      nvcc: str | None, hipcc: str | None) -> None:
+    """Writes build.ninja producing every entry of `outputs` (target name -> file)."""
+    import pybind11
+
+    py_include = sysconfig.get_paths()["include"]
+    lines = [
+        f"root = {ROOT}",
+        f"cxxflags = {CXXFLAGS} -I$root/csrc",
+        f"ortinc = -isystem {ort_include}",
+        f"pyinc = -isystem {py_include} -isystem {pybind11.get_include()}",
+        "rule cxx",
+        "  command = c++ $cxxflags $extra -MMD -MF $out.d -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "rule link",
+        "  command = c++ -shared $in -o $out $ldflags",
+    ]
+    build = []
+
+    def compile_cxx(src: str, variant: str, extra: str = "") -> str:
+        obj = _obj(src, variant)
+        build.append(f"build {obj}: cxx $root/{src}\n  extra = {extra}")
+        return obj
+
+    cpu_objs = [compile_cxx(s, "cpu") for s in COMMON_SOURCES]
+    reg_cpu = compile_cxx(REGISTRATION, "cpu", "$ortinc")
+    build.append(f"build {outputs['cpu']}: link {' '.join(cpu_objs + [reg_cpu])}\n"
+                 "  ldflags = -Wl,--exclude-libs,ALL -static-libstdc++ -static-libgcc")
+    native = compile_cxx("csrc/python/native_module.cc", "cpu", "$pyinc")
+    build.append(f"build {outputs['native']}: link {' '.join(cpu_objs + [native])}\n"
+                 "  ldflags = -pthread")
+
+    if nvcc and "cuda" in outputs:
+        archs = os.environ.get("MXOPS_CUDA_ARCHS", "80;90;100").split(";")
+        gencode = " ".join(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs)
+        gencode += f" -gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"
+        lines += [
+            f"nvccflags = -std=c++17 -O3 --fmad=false -Xcompiler -fPIC,-fvisibility=hidden,"
+            f"-ffp-contract=off -I$root/csrc {gencode}",
+            "rule nvcc",
+            f"  command = {nvcc} $nvccflags -MD -MF $out.d -c $in -o $out",
+            "  depfile = $out.d",
+            "  deps = gcc",
+            "rule nvlink",
+            f"  command = {nvcc} -shared -cudart static $in -o $out $ldflags",
+        ]
+        cu_objs = []
+        for src in sorted(glob.glob("csrc/cuda/*.cu", root_dir=ROOT)):
+            obj = _obj(src, "cuda")
+            build.append(f"build {obj}: nvcc $root/{src}")
+            cu_objs.append(obj)
+        reg_gpu = compile_cxx(REGISTRATION, "cuda", "$ortinc -DMXOPS_WITH_GPU")
+        build.append(f"build {outputs['cuda']}: nvlink {' '.join(cpu_objs + cu_objs + [reg_gpu])}\n"
+                     "  ldflags = -Xlinker --exclude-libs,ALL")
+
+    if hipcc and "rocm" in outputs:
+        archs = os.environ.get("MXOPS_ROCM_ARCHS", "gfx90a;gfx908;gfx1030").split(";")
+        offload = " ".join(f"--offload-arch={a}" for a in archs)
+        lines += [
+            f"hipflags = -x hip -std=c++17 -O3 -fPIC -fvisibility=hidden -ffp-contract=off "
+            f"-I$root/csrc -include $root/csrc/rocm/hip_compat.h {offload}",
+            "rule hipcc",
+            f"  command = HIP_PLATFORM=amd {hipcc} $hipflags -MD -MF $out.d -c $in -o $out",
+            "  depfile = $out.d",
+            "  deps = gcc",
+            "rule hiplink",
+            f"  command = HIP_PLATFORM=amd {hipcc} -shared -fPIC {offload} $in -o $out",
+        ]
+        hip_objs = []
+        for src in sorted(glob.glob("csrc/cuda/*.cu", root_dir=ROOT)):
+            obj = _obj(src, "rocm")
+            build.append(f"build {obj}: hipcc $root/{src}")
+            hip_objs.append(obj)
+        reg_hip = compile_cxx(REGISTRATION, "rocm", "$ortinc -DMXOPS_WITH_GPU")
+        build.append(f"build {outputs['rocm']}: hiplink {' '.join(cpu_objs + hip_objs + [reg_hip])}")
+
+    (build_dir / "build.ninja").write_text("\n".join(lines + build) + "\n")
+
+
+class NinjaBuildExt(build_ext):
+    """Builds every native artefact with one ninja run and places them in the package."""
+
+    def run(self) -> None:
+        build_dir = Path(self.build_temp).resolve()
+        build_dir.mkdir(parents=True, exist_ok=True)
+        native_path = Path(self.get_ext_fullpath("ort_mx_ops._native")).resolve()
+        package_dir = native_path.parent
+        package_dir.mkdir(parents=True, exist_ok=True)
+        outputs = {"cpu": "libort_mx_ops_cpu.so", "native": native_path.name}
+
+        nvcc = None if os.environ.get("MXOPS_NO_CUDA") else shutil.which("nvcc")
+        hipcc = None if os.environ.get("MXOPS_NO_ROCM") else _find_hipcc()
+        have_cuda_sources = bool(glob.glob(str(ROOT / "csrc/cuda/*.cu")))
+        if nvcc and have_cuda_sources:
+            outputs["cuda"] = "libort_mx_ops_cuda.so"
+            log(f"CUDA backend: building with {nvcc}")
+        else:
+            log("CUDA backend skipped: " + ("nvcc not found" if not nvcc else "no CUDA sources"))
+        if hipcc and have_cuda_sources and (ROOT / "csrc/rocm/hip_compat.h").exists():
+            outputs["rocm"] = "libort_mx_ops_rocm.so"
+            log(f"ROCm backend: building with {hipcc} (HIP_PLATFORM=amd)")
+        else:
+            log("ROCm backend skipped: " + ("hipcc not found" if not hipcc else "no HIP sources"))
+
+        ort_include = find_ort_headers(build_dir)
+        write_build_ninja(build_dir, outputs, ort_include, nvcc, hipcc)
+        jobs = os.environ.get("MXOPS_BUILD_JOBS", str(os.cpu_count() or 2))
+        subprocess.run([_ninja_binary(), "-C", str(build_dir), "-j", jobs], check=True)
+        for name in outputs.values():
+            shutil.copy2(build_dir / name, package_dir / name)
+            log(f"installed {package_dir / name}")
+
+
+setup(
+    packages=["ort_mx_ops", "ort_mx_ops.quantizer", "ort_mx_ops.benchmarks"],
+    package_dir={"ort_mx_ops": "ort_mx_ops", "ort_mx_ops.quantizer": "quantizer",
+                 "ort_mx_ops.benchmarks": "benchmarks"},
+    ext_modules=[Extension("ort_mx_ops._native", sources=[])],
+    cmdclass={"build_ext": NinjaBuildExt},
+)
