@@ -106,11 +106,13 @@ def reduction_axis(node: onnx.NodeProto, input_idx: int, view: ModelView) -> tup
 
 
 def feature_axis(view: ModelView, name: str, exclude: Optional[int] = None,
-                 is_weight: bool = False) -> Optional[int]:
-    """A fixed-length axis longer than 1 to block ``name`` along when its consumer has no
-    reduction axis to offer: image-like activations (rank 4/5) their channel axis, others
-    their last axis, else the longest fixed axis.  Activations never get axis 0 (batch) or a
-    dynamic axis.  None where no such axis exists or the shape is unknown."""
+                 is_weight: bool = False, layout_first: bool = False) -> Optional[int]:
+    """A fixed-length axis longer than 1 to block ``name`` along when its consumer's
+    reduction axis cannot be used: the longest such axis (the last of equals), or with
+    ``layout_first`` (inputs of non-compute ops, which contract nothing) the channel axis of
+    an image-like (rank 4/5) activation, else the last axis, before the longest.
+    Activations never get axis 0 (batch) or a dynamic axis.  None where no such axis exists
+    or the shape is unknown."""
     shape = view.shape.get(name)
     if shape is None:
         return None
@@ -120,11 +122,11 @@ def feature_axis(view: ModelView, name: str, exclude: Optional[int] = None,
     def ok(a: int) -> bool:
         return a >= lo and a != exclude and shape[a] is not None and shape[a] > 1
 
-    preferred = [1] if rank in (4, 5) and not is_weight else []
-    preferred.append(rank - 1)
-    for a in preferred:
-        if 0 <= a < rank and ok(a):
-            return a
+    if layout_first:
+        preferred = ([1] if rank in (4, 5) and not is_weight else []) + [rank - 1]
+        for a in preferred:
+            if 0 <= a < rank and ok(a):
+                return a
     candidates = [a for a in range(rank) if ok(a)]
     if not candidates:
         return None
@@ -228,7 +230,8 @@ def plan_model(view: ModelView, config: QuantizationConfig) -> Plan:
                 axis, reason = reduction_axis(node, k, view)
                 priority = 1
             else:
-                axis = 1 if quark else (feature_axis(view, name, is_weight=is_weight)
+                axis = 1 if quark else (feature_axis(view, name, is_weight=is_weight,
+                                                     layout_first=True)
                                         if view.rank(name) is not None else -1)
                 reason = "axis 1 (Quark)" if quark else f"{node.op_type} input: feature axis"
                 priority = 0

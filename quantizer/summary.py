@@ -101,16 +101,21 @@ class QuantizationSummary:
         lines = [f"quantized with {self.config} (placement {self.placement}, weights "
                  f"{'folded offline' if self.fold_weights else 'quantized at run time'}) "
                  f"in {self.seconds:.2f} s"]
-        lines.append(f"  {'format':<14}{'kind':<12}{'consumer op':<16}{'tensors':>8}")
+        lines.append(f"  {'format':<14}{'kind':<12}{'consumer op':<20}{'tensors':>8}")
         for (fmt, kind, op), n in sorted(self.counts().items()):
-            lines.append(f"  {fmt:<14}{kind:<12}{op:<16}{n:>8}")
+            lines.append(f"  {fmt:<14}{kind:<12}{op:<20}{n:>8}")
         axes = ", ".join(f"{kind} axis {'-' if a is None else a}: {n}"
                          for (kind, a), n in sorted(self.axes().items(),
                                                     key=lambda kv: (kv[0][0], str(kv[0][1]))))
         lines.append(f"  axes: {axes or 'none'}")
-        special = [s for s in self.sites if "instead" in s.reason or "1 long" in s.reason]
+        special = [s for s in self.sites if s.axis is not None and
+                   ("instead" in s.reason or "1 long" in s.reason)]
+        grouped: dict[str, list[str]] = {}
         for s in special:
-            lines.append(f"  axis note: {s.tensor}: {s.reason}")
+            grouped.setdefault(s.reason, []).append(s.tensor)
+        for reason, tensors in grouped.items():
+            more = f" and {len(tensors) - 1} more" if len(tensors) > 1 else ""
+            lines.append(f"  axis note: {reason} ({tensors[0]}{more})")
         folded = sum(1 for s in self.sites if s.folded)
         lines.append(f"  weights folded: {folded}; runtime nodes inserted: "
                      f"{self.runtime_node_count()}")
