@@ -7,10 +7,15 @@
 // wavefront size without knowing it.
 #pragma once
 
-#if defined(__HIP__) || defined(__HIPCC__)
+#if defined(MXOPS_GPU_EMULATION)
+#include "host_emulation.h"  // kernels on host threads, to test their logic without a GPU
+#elif defined(__HIP__) || defined(__HIPCC__)
 #include "../rocm/hip_compat.h"
 #else
 #include <cuda_runtime.h>
+
+// MXOPS_LAUNCH(grid, block, stream, kernel)(args...): a launch with no dynamic shared memory.
+#define MXOPS_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
 
 #define MXOPS_GPU_EXECUTION_PROVIDER "CUDAExecutionProvider"
 #define MXOPS_GPU_BACKEND_NAME "CUDA"

@@ -98,29 +98,32 @@ __device__ __forceinline__ int group_max(int v, int width) {
   return v;
 }
 
-// V elements of T at an address aligned to V * sizeof(T) (16 bytes when V > 1).
-template <class T, int V>
-union Vec {
-  static_assert(V == 1 || sizeof(T) * V == 16, "vectors are 16 bytes");
-  using Word = std::conditional_t<V == 1, T, uint4>;
-  Word word;
-  T e[V];
+// V elements of T at an address aligned to V * sizeof(T): one 16-byte access when V > 1.
+struct alignas(16) Bytes16 {
+  uint32_t w[4];
 };
 
 template <class T, int V>
 __device__ __forceinline__ void load_vec(const T* __restrict__ p, T (&out)[V]) {
-  Vec<T, V> v;
-  v.word = *reinterpret_cast<const typename Vec<T, V>::Word*>(p);
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = v.e[i];
+  if constexpr (V == 1) {
+    out[0] = *p;
+  } else {
+    static_assert(sizeof(T) * V == 16, "vectors are 16 bytes");
+    const Bytes16 w = *reinterpret_cast<const Bytes16*>(p);
+    __builtin_memcpy(out, &w, sizeof w);
+  }
 }
 
 template <class T, int V>
 __device__ __forceinline__ void store_vec(T* __restrict__ p, const T (&in)[V]) {
-  Vec<T, V> v;
-#pragma unroll
-  for (int i = 0; i < V; ++i) v.e[i] = in[i];
-  *reinterpret_cast<typename Vec<T, V>::Word*>(p) = v.word;
+  if constexpr (V == 1) {
+    *p = in[0];
+  } else {
+    static_assert(sizeof(T) * V == 16, "vectors are 16 bytes");
+    Bytes16 w;
+    __builtin_memcpy(&w, in, sizeof w);
+    *reinterpret_cast<Bytes16*>(p) = w;
+  }
 }
 
 // Sub-block maxima of the V elements of one lane, for the in-thread and lane modes.
@@ -325,9 +328,9 @@ contiguous_long_kernel(QdqArgs a, Policy pol) {
 // ------------------------------------------------------------------------------------------
 // Any inner (used for inner > 1, and as the general fallback for inner == 1): one thread per
 // (block, column), walking the block down its column; neighbouring threads take neighbouring
-// columns. kCached: block_size <= kCachedStridedRows, values stay in registers.
+// columns. R > 0: block_size <= R, the block stays in registers; R == 0: re-read per pass.
 // ------------------------------------------------------------------------------------------
-template <class Ld, class Policy, bool kCached>
+template <class Ld, class Policy, int R>
 __global__ void __launch_bounds__(kThreadsPerCta)
 strided_kernel(QdqArgs a, Policy pol) {
   using T = typename Ld::T;
@@ -344,8 +347,7 @@ strided_kernel(QdqArgs a, Policy pol) {
     locate_block(a, b, start, n);
     const int64_t base = start * stride + col;
 
-    if constexpr (kCached) {
-      constexpr int R = kCachedStridedRows;
+    if constexpr (R > 0) {
       float v[R];
       int key[R];
       int s = 0;
@@ -356,17 +358,19 @@ strided_kernel(QdqArgs a, Policy pol) {
         s = imax(s, key[j]);
       }
       if constexpr (Policy::kSubBlocks) {
-        // Segmented maximum over sub-blocks of a.sub rows: forward scan, then spread back.
-        int sm[R];
+        // Sub-block maxima: a running maximum that restarts at each sub-block's first row
+        // (bit j of `starts`), then spread back from each sub-block's last row.
+        uint32_t starts = 0;
+        for (int j = 0; j < R; j += a.sub) starts |= 1u << j;
 #pragma unroll
-        for (int j = 0; j < R; ++j)
-          sm[j] = (j % a.sub == 0) ? key[j] : imax(key[j], sm[j > 0 ? j - 1 : 0]);
+        for (int j = 1; j < R; ++j)
+          if (!((starts >> j) & 1u)) key[j] = imax(key[j], key[j - 1]);
 #pragma unroll
         for (int j = R - 2; j >= 0; --j)
-          if ((j + 1) % a.sub != 0 && j + 1 < n) sm[j] = sm[j + 1];
+          if (!((starts >> (j + 1)) & 1u) && j + 1 < n) key[j] = key[j + 1];
 #pragma unroll
         for (int j = 0; j < R; ++j)
-          if (j < n) y[base + j * stride] = Ld::store(pol.apply(v[j], pol.params(s, sm[j])));
+          if (j < n) y[base + j * stride] = Ld::store(pol.apply(v[j], pol.params(s, key[j])));
       } else {
         const auto prm = pol.params(s, 0);
 #pragma unroll
@@ -459,11 +463,9 @@ bool try_contiguous(QdqArgs a, const Policy& pol, cudaStream_t stream) {
     constexpr int U = V == 1 ? 8 : 16 / V;
     const int64_t per_unit = static_cast<int64_t>(kGroupLanes / G) * U;
     const int64_t units = (a.num_blocks + per_unit - 1) / per_unit;
-    contiguous_cached_kernel<Ld, Policy, V>
-        <<<grid_for(units * kGroupLanes), kThreadsPerCta, 0, stream>>>(a, pol);
+    MXOPS_LAUNCH(grid_for(units * kGroupLanes), kThreadsPerCta, stream, contiguous_cached_kernel<Ld, Policy, V>)(a, pol);
   } else {
-    contiguous_long_kernel<Ld, Policy, V>
-        <<<grid_for(a.num_blocks * kGroupLanes), kThreadsPerCta, 0, stream>>>(a, pol);
+    MXOPS_LAUNCH(grid_for(a.num_blocks * kGroupLanes), kThreadsPerCta, stream, contiguous_long_kernel<Ld, Policy, V>)(a, pol);
   }
   return true;
 }
@@ -473,10 +475,14 @@ void launch_strided(QdqArgs a, const Policy& pol, cudaStream_t stream) {
   a.sub = a.block_size;
   if constexpr (Policy::kSubBlocks) a.sub = pol.sub_block_size;
   const unsigned grid = grid_for(a.num_blocks * a.inner);
-  if (a.block_size <= kCachedStridedRows)
-    strided_kernel<Ld, Policy, true><<<grid, kThreadsPerCta, 0, stream>>>(a, pol);
+  if (a.block_size <= 8)
+    MXOPS_LAUNCH(grid, kThreadsPerCta, stream, strided_kernel<Ld, Policy, 8>)(a, pol);
+  else if (a.block_size <= 16)
+    MXOPS_LAUNCH(grid, kThreadsPerCta, stream, strided_kernel<Ld, Policy, 16>)(a, pol);
+  else if (a.block_size <= kCachedStridedRows)
+    MXOPS_LAUNCH(grid, kThreadsPerCta, stream, strided_kernel<Ld, Policy, kCachedStridedRows>)(a, pol);
   else
-    strided_kernel<Ld, Policy, false><<<grid, kThreadsPerCta, 0, stream>>>(a, pol);
+    MXOPS_LAUNCH(grid, kThreadsPerCta, stream, strided_kernel<Ld, Policy, 0>)(a, pol);
 }
 
 // The functor dispatch_block_op calls; launches only for storage type IO (the other types

@@ -20,6 +20,9 @@ static_assert(__AMDGCN_WAVEFRONT_SIZE % 32 == 0, "lane groups of 32 must tile a 
 #define cudaGetLastError hipGetLastError
 #define cudaGetErrorString hipGetErrorString
 
+// MXOPS_LAUNCH(grid, block, stream, kernel)(args...): a launch with no dynamic shared memory.
+#define MXOPS_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
+
 #define MXOPS_GPU_EXECUTION_PROVIDER "ROCMExecutionProvider"
 #define MXOPS_GPU_BACKEND_NAME "ROCM"
 

@@ -1,0 +1,119 @@
+// mxops::gpu (csrc/common/gpu_backend.h) for CUDA, and for ROCm when hipcc compiles this same
+// file: the launchers the ORT kernels call. Everything runs on the caller's stream; nothing
+// allocates or synchronises.
+#include "../common/gpu_backend.h"
+
+#include <string>
+
+#include "../common/bf16_qdq.h"
+#include "qdq_launch.h"
+
+namespace mxops::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGrid = int64_t{1} << 22;
+
+unsigned elementwise_grid(int64_t n) {
+  int64_t ctas = (n + kThreads - 1) / kThreads;
+  if (ctas < 1) ctas = 1;
+  return static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
+}
+
+std::string launch_status(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return "";
+  return std::string(MXOPS_GPU_BACKEND_NAME " launch of ") + what + " failed: " +
+         cudaGetErrorString(e);
+}
+
+// A one-element tensor is returned unchanged (rounded to bfloat16 first when asked), as the
+// CPU backend does.
+template <class IO>
+__global__ void identity_kernel(const typename IO::T* x, typename IO::T* y, bool bf16_first) {
+  const typename IO::T raw = *x;
+  *y = bf16_first ? IO::store(bf16_round_bits(IO::load(raw))) : raw;
+}
+
+__device__ __forceinline__ int64_t channel_of(int64_t i, int64_t length, int64_t inner) {
+  if (((i | length | inner) >> 31) == 0)
+    return static_cast<uint32_t>(i) / static_cast<uint32_t>(inner) % static_cast<uint32_t>(length);
+  return i / inner % length;
+}
+
+__global__ void bf16_quantize_kernel(const float* __restrict__ x, const float* __restrict__ scale,
+                                     const uint16_t* __restrict__ zero_point, bool per_channel,
+                                     int64_t n, int64_t length, int64_t inner,
+                                     uint16_t* __restrict__ y) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t c = per_channel ? channel_of(i, length, inner) : 0;
+    y[i] = bf16_quantize(x[i], scale[c], zero_point[c]);
+  }
+}
+
+__global__ void bf16_dequantize_kernel(const uint16_t* __restrict__ y,
+                                       const float* __restrict__ scale,
+                                       const uint16_t* __restrict__ zero_point, bool per_channel,
+                                       int64_t n, int64_t length, int64_t inner,
+                                       float* __restrict__ x) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t c = per_channel ? channel_of(i, length, inner) : 0;
+    x[i] = bf16_dequantize(y[i], scale[c], zero_point[c]);
+  }
+}
+
+template <class IO>
+void launch_identity(const void* x, void* y, bool bf16_first, cudaStream_t stream) {
+  using T = typename IO::T;
+  MXOPS_LAUNCH(1, 1, stream, identity_kernel<IO>)(static_cast<const T*>(x), static_cast<T*>(y),
+                                            bf16_first);
+}
+
+}  // namespace
+
+const char* execution_provider() { return MXOPS_GPU_EXECUTION_PROVIDER; }
+
+std::string launch_quantize_dequantize(const QdqParams& params, DType t, const void* x, void* y,
+                                       const Geometry& geometry, void* stream) {
+  if (geometry.num_elements == 0) return "";
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (geometry.identity) {
+    switch (t) {
+      case DType::kFloat32: launch_identity<Float32>(x, y, params.bf16_first, s); break;
+      case DType::kFloat16: launch_identity<Float16>(x, y, params.bf16_first, s); break;
+      case DType::kBFloat16: launch_identity<BFloat16>(x, y, params.bf16_first, s); break;
+    }
+    return launch_status("the one-element copy");
+  }
+  switch (t) {
+    case DType::kFloat32: launch_qdq_for<Float32>(params, t, x, y, geometry, s); break;
+    case DType::kFloat16: launch_qdq_for<Float16>(params, t, x, y, geometry, s); break;
+    case DType::kBFloat16: launch_qdq_for<BFloat16>(params, t, x, y, geometry, s); break;
+  }
+  return launch_status(params.method == Method::kMx ? "the MX quantize-dequantize kernel"
+                                                    : "the BFP quantize-dequantize kernel");
+}
+
+std::string launch_bf16_quantize_linear(const float* x, const float* scale,
+                                        const uint16_t* zero_point, bool per_channel,
+                                        const Geometry& g, uint16_t* y, void* stream) {
+  if (g.num_elements == 0) return "";
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, static_cast<cudaStream_t>(stream), bf16_quantize_kernel)(
+      x, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, y);
+  return launch_status("the bfloat16 quantize kernel");
+}
+
+std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
+                                          const uint16_t* zero_point, bool per_channel,
+                                          const Geometry& g, float* x, void* stream) {
+  if (g.num_elements == 0) return "";
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, static_cast<cudaStream_t>(stream), bf16_dequantize_kernel)(
+      y, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, x);
+  return launch_status("the bfloat16 dequantize kernel");
+}
+
+}  // namespace mxops::gpu

@@ -1,0 +1,8 @@
+// Kernels of BFPQuantizeDequantize / MXQuantizeDequantize for float16 tensors.
+#include "qdq_kernels.cuh"
+#include "qdq_launch.h"
+
+namespace mxops::gpu {
+template void launch_qdq_for<Float16>(const QdqParams&, DType, const void*, void*, const Geometry&,
+                                      cudaStream_t);
+}  // namespace mxops::gpu
