@@ -256,10 +256,21 @@ class NinjaBuildExt(build_ext):
         ort_include = find_ort_headers(build_dir)
         write_build_ninja(build_dir, outputs, ort_include, nvcc, hipcc)
         jobs = os.environ.get("MXOPS_BUILD_JOBS", str(os.cpu_count() or 2))
-        subprocess.run([_ninja_binary(), "-C", str(build_dir), "-j", jobs], check=True)
-        for name in outputs.values():
-            shutil.copy2(build_dir / name, package_dir / name)
-            log(f"installed {package_dir / name}")
+        ninja = [_ninja_binary(), "-C", str(build_dir), "-j", jobs]
+        # The CPU library and the module first: a GPU backend that fails to build must not
+        # cost the CPU install (tests/test_gpu_build.py fails where a toolkit was present).
+        subprocess.run(ninja + [outputs["cpu"], outputs["native"]], check=True)
+        built = ["cpu", "native"]
+        for backend in ("cuda", "rocm"):
+            if backend in outputs:
+                if subprocess.run(ninja + [outputs[backend]]).returncode == 0:
+                    built.append(backend)
+                else:
+                    log(f"WARNING: the {backend.upper()} backend failed to build (see above); "
+                        "installing without it")
+        for key in built:
+            shutil.copy2(build_dir / outputs[key], package_dir / outputs[key])
+            log(f"installed {package_dir / outputs[key]}")
 
 
 setup(

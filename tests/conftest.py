@@ -41,7 +41,7 @@ def ort_value(x: np.ndarray, elem: str) -> ort.OrtValue:
 def run_session(sess: ort.InferenceSession, x: np.ndarray, elem: str) -> np.ndarray:
     """Runs y = f(x) with I/O binding into a fresh numpy buffer, so bfloat16 (which numpy
     cannot name) round-trips as uint16 bit patterns."""
-    x = np.ascontiguousarray(x)
+    x = np.require(x, requirements="C")  # (ascontiguousarray would turn rank 0 into rank 1)
     y = np.full_like(x, 0x55 if x.dtype.kind == "u" else np.nan)  # poison: every element must be written
     binding = sess.io_binding()
     binding.bind_ortvalue_input("x", ort_value(x, elem))
@@ -58,7 +58,7 @@ def run_one_node(op: str, domain: str, attrs: dict, x: np.ndarray, elem: str,
 
 def bits(a: np.ndarray) -> np.ndarray:
     """The bit patterns of an array, for bit-exact comparison (NaN payloads count)."""
-    a = np.ascontiguousarray(a)
+    a = np.require(a, requirements="C")
     return a.view({4: np.uint32, 2: np.uint16}[a.dtype.itemsize])
 
 

@@ -117,7 +117,8 @@ MXOPS_HD float round_half(float v) {
   const float away = copysign_bits(a - fa >= 0.5f ? fa + 1.0f : fa, v);
   if (Mode == kHalfUp) {
     const float f = floor_small(v);
-    return (v < 0.0f && v - f == 0.5f) ? f + 1.0f : away;  // ceil(v) of a negative tie
+    // ceil(v) of a negative tie; ceil(-0.5) is -0
+    return (v < 0.0f && v - f == 0.5f) ? copysign_bits(f + 1.0f, v) : away;
   }
   return away;
 }

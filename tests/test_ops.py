@@ -1,0 +1,154 @@
+"""The ONNX Runtime ops against ort_mx_ops.reference, bit for bit: every configuration of
+SPEC section 3, non-default attributes, axes, ranks 1 to 5, lengths not divisible by the
+block, float32 / float16 / bfloat16, and special values."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import as_dtype, assert_bits_equal, run_one_node, sample_tensor
+from ort_mx_ops import native, reference
+from ort_mx_ops.formats import CONFIGS
+
+DTYPES = ["float32", "float16", "bfloat16"]
+BLOCK_CONFIGS = {name: c for name, c in CONFIGS.items() if c.op in ("BFP", "MX")}
+
+# (shape, axis): axis 0, 1, a middle one and -1, ranks 1 to 5, odd lengths.
+LAYOUTS = [
+    ((37,), 1),             # rank 1: axis ignored (default 1 included)
+    ((5, 70), 1),           # innermost, 70 = not a multiple of 8/16/32
+    ((45, 6), 0),           # outer axis, inner 6
+    ((3, 33, 7), 1),        # middle axis
+    ((2, 3, 4, 35), -1),
+    ((2, 19, 3, 2, 5), 1),  # rank 5, middle axis with inner 30
+    ((67, 3, 2, 1, 2), 0),  # rank 5, axis 0
+]
+
+
+def reference_fn(op: str):
+    return reference.bfp_quantize_dequantize if op == "BFP" else reference.mx_quantize_dequantize
+
+
+def check(op: str, attrs: dict, x32: np.ndarray, elem: str, legacy: bool = False,
+          threads: int = 1) -> None:
+    x = as_dtype(x32, elem)
+    name = {("BFP", False): "BFPQuantizeDequantize", ("MX", False): "MXQuantizeDequantize",
+            ("BFP", True): "BFPFixNeuron", ("MX", True): "MXFixNeuron"}[(op, legacy)]
+    domain = "com.vai.quantize" if legacy else "com.amd.quark"
+    expected = reference_fn(op)(x, dtype=elem if elem == "bfloat16" else None, **attrs)
+    got = run_one_node(name, domain, attrs, x, elem, threads=threads)
+    assert_bits_equal(got, expected, f"{name} {attrs} {elem} {x.shape}")
+
+
+@pytest.mark.parametrize("elem", DTYPES)
+@pytest.mark.parametrize("config", sorted(BLOCK_CONFIGS))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[f"{s}-ax{a}" for s, a in LAYOUTS])
+def test_configs_layouts_dtypes(config: str, layout, elem: str) -> None:
+    shape, axis = layout
+    cfg = BLOCK_CONFIGS[config]
+    rng = np.random.default_rng(abs(hash((config, shape, elem))) % 2**32)
+    check(cfg.op, dict(cfg.attrs, axis=axis), sample_tensor(shape, rng), elem, threads=2)
+
+
+NON_DEFAULT_BFP = [
+    dict(bfp_method="to_bfp", bit_width=bw, block_size=bs, rounding_mode=rm)
+    for bw in (10, 12, 24, 32) for bs in (1, 3, 8, 64) for rm in (0, 1, 2)
+] + [
+    dict(bfp_method=method, bit_width=bw, block_size=bs, sub_block_size=sbs,
+         sub_block_shift_bits=sh, rounding_mode=rm)
+    for method in ("to_bfp_prime", "to_bfp_prime_shared")
+    for bw, bs, sbs, sh in ((16, 16, 1, 0), (13, 16, 4, 2), (11, 8, 8, 1), (20, 12, 3, 3),
+                            (32, 16, 2, 8), (10, 4, 2, 1))
+    for rm in (0, 1, 2)
+] + [
+    dict(bfp_method="to_bfp", convert_to_bfloat_before_bfp=1, rounding_mode=1),
+    dict(bfp_method="to_bfp_prime", block_size=16, convert_to_bfloat_before_bfp=1),
+    dict(),  # every default
+]
+
+
+@pytest.mark.parametrize("attrs", NON_DEFAULT_BFP, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()) or "defaults")
+def test_bfp_non_default_attributes(attrs: dict) -> None:
+    rng = np.random.default_rng(len(str(attrs)))
+    x = sample_tensor((4, 50, 3), rng)
+    for elem in DTYPES:
+        check("BFP", dict(attrs, axis=1), x, elem)
+        check("BFP", dict(attrs, axis=-1), x, elem)
+
+
+NON_DEFAULT_MX = [dict(element_dtype=e, block_size=bs, rounding_mode=rm)
+                  for e in ("fp8_e5m2", "fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+                  for bs in (1, 5, 32, 100) for rm in (0, 1, 2)] + [dict()]
+
+
+@pytest.mark.parametrize("attrs", NON_DEFAULT_MX, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()) or "defaults")
+def test_mx_non_default_attributes(attrs: dict) -> None:
+    rng = np.random.default_rng(len(str(attrs)))
+    x = sample_tensor((3, 130, 2), rng)
+    for elem in DTYPES:
+        check("MX", dict(attrs, axis=1), x, elem)
+
+
+@pytest.mark.parametrize("op,attrs", [("BFP", CONFIGS["MX6"].attrs), ("MX", CONFIGS["MXFP6E2M3"].attrs)])
+def test_legacy_names_equal_new_names(op: str, attrs: dict) -> None:
+    x = sample_tensor((6, 40), np.random.default_rng(7))
+    for elem in DTYPES:
+        check(op, dict(attrs), x, elem, legacy=True)
+
+
+def special_blocks() -> np.ndarray:
+    """Blocks made only of edge cases: all zeros, ±0 mixes, subnormal-only, float max, Inf/NaN
+    with finite neighbours, exact ties for the BFP16 / MXINT8 grids."""
+    f = np.float32
+    rows = [
+        [0.0] * 32,
+        [-0.0, 0.0] * 16,
+        [1e-45, -1e-45, 1e-40, -3e-39, 5.877472e-39, 0.0, -0.0, 1.1754942e-38] * 4,
+        [3.4028235e38, -3.4028235e38, 1.0, -1.0, 1e30, -1e-30, 0.0, 2.0] * 4,
+        [np.inf, 1.0, 0.5, -0.25, np.nan, -np.inf, 3.0, 0.0] * 4,
+        [1.0, 2.0 ** -7, -(2.0 ** -7), 3 * 2.0 ** -7, 1.0 + 2.0 ** -7, -(1.0 + 2.0 ** -7), 0.5 + 2.0 ** -8, 1.999] * 4,
+        [1.0, 0.5 + 2.0 ** -7, -(0.5 + 2.0 ** -7), 1.5 * 2.0 ** -6, -1.999, 0.0, 2.0 ** -7, -(2.0 ** -7)] * 4,
+        list(np.frombuffer(np.array([0x7FC00001, 0xFFFFFFFF, 0x7F800001, 0x3F800000] * 8, np.uint32).tobytes(), f)),
+    ]
+    return np.array(rows, dtype=f)
+
+
+@pytest.mark.parametrize("config", sorted(BLOCK_CONFIGS))
+@pytest.mark.parametrize("rounding_mode", [0, 1, 2])
+def test_special_values(config: str, rounding_mode: int) -> None:
+    cfg = BLOCK_CONFIGS[config]
+    x = special_blocks()
+    for elem in DTYPES:
+        check(cfg.op, dict(cfg.attrs, rounding_mode=rounding_mode, axis=-1), x, elem)
+        check(cfg.op, dict(cfg.attrs, rounding_mode=rounding_mode, axis=0), x.T.copy(), elem)
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1, 1), ()])
+@pytest.mark.parametrize("bf16_first", [0, 1])
+def test_one_element_is_returned_unchanged(shape, bf16_first: int) -> None:
+    x = np.full(shape, 1.2345678, dtype=np.float32)
+    attrs = dict(bfp_method="to_bfp", axis=7, convert_to_bfloat_before_bfp=bf16_first)  # axis not checked
+    got = run_one_node("BFPQuantizeDequantize", "com.amd.quark", attrs, x, "float32")
+    expected = reference.bf16_round(x) if bf16_first else x
+    assert_bits_equal(got, expected.reshape(shape), "one element")
+
+
+@pytest.mark.parametrize("shape,axis", [((0,), 1), ((3, 0, 5), 1), ((0, 4), -1)])
+def test_empty_tensor_gives_empty_output(shape, axis) -> None:
+    x = np.zeros(shape, dtype=np.float32)
+    for op, name in (("BFP", "BFPQuantizeDequantize"), ("MX", "MXQuantizeDequantize")):
+        y = run_one_node(name, "com.amd.quark", {"axis": axis}, x, "float32")
+        assert y.shape == shape
+
+
+def test_native_module_matches_onnxruntime() -> None:
+    """The pybind module (used to fold weights offline) gives the ORT op's bits, with threads."""
+    x = sample_tensor((64, 96, 5), np.random.default_rng(3))
+    for name, cfg in BLOCK_CONFIGS.items():
+        fn = native.bfp_quantize_dequantize if cfg.op == "BFP" else native.mx_quantize_dequantize
+        for axis in (1, -1):
+            attrs = dict(cfg.attrs, axis=axis)
+            op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
+            expected = run_one_node(op, "com.amd.quark", attrs, x, "float32", threads=2)
+            assert_bits_equal(fn(x, threads=3, **attrs), expected, f"native {name} axis {axis}")
+            assert_bits_equal(fn(np.asfortranarray(x), **attrs), expected, "non-contiguous input")
