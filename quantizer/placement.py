@@ -55,6 +55,9 @@ class Site:
     consumer_ops: list[str]
     reason: str
     conflict: str = ""
+    # Weights only: block the tensor viewed as (shape[0], -1) along axis 1, i.e. over each
+    # output channel's whole kernel window (depthwise Conv weights).
+    flatten: bool = False
 
 
 @dataclass
@@ -72,6 +75,7 @@ class _Request:
     axis: Optional[int]
     reason: str
     priority: int
+    flatten: bool = False
 
 
 def _normalize(axis: int, rank: Optional[int]) -> int:
@@ -146,7 +150,7 @@ def activation_axis(view: ModelView, name: str, axis: int, reason: str,
     length = view.dim(name, a)
     if keep_dynamic:
         return a, reason
-    if length is None or a == 0:
+    if length is None:
         alt = feature_axis(view, name, exclude=a)
         if alt is None:
             return None, f"{reason} is a batch/token axis and no fixed-length axis exists"
@@ -159,20 +163,26 @@ def activation_axis(view: ModelView, name: str, axis: int, reason: str,
 
 
 def weight_axis(view: ModelView, name: str, axis: int, reason: str, op_type: str,
-                correct: bool = True) -> tuple[int, str]:
-    """The block axis of weight ``name`` given its consumer's preferred ``axis``: a 1-long
-    axis (depthwise Conv weight) is replaced by the longest other axis when ``correct``."""
+                correct: bool = True) -> tuple[int, str, bool]:
+    """The block axis of weight ``name`` given its consumer's preferred ``axis``, and whether
+    to flatten it.  When ``correct`` and that axis is 1 long: a Conv weight (C_out, 1, k...)
+    (depthwise) is blocked over each output channel's kernel window, viewed as
+    (C_out, prod(k)) along axis 1 -- the window is what a depthwise conv contracts over;
+    other weights use their longest axis."""
     shape = view.shape.get(name) or ()
     rank = len(shape)
     if rank <= 1:
-        return 0, "rank <= 1: its only axis"
+        return 0, "rank <= 1: its only axis", False
     a = _normalize(axis, rank)
     if correct and shape[a] == 1:
+        if op_type == "Conv" and a == 1 and rank >= 3:
+            window = _numel(shape[2:]) or 1
+            return 1, (f"depthwise Conv weight: channel axis is 1 long; blocked over each "
+                       f"output channel's {window}-element kernel window"), True
         alt = feature_axis(view, name, exclude=a, is_weight=True)
         if alt is not None:
-            what = "depthwise Conv weight" if op_type == "Conv" else f"{op_type} weight"
-            return alt, f"{what}: axis {a} is 1 long; blocked along axis {alt}"
-    return a, reason
+            return alt, f"{op_type} weight: axis {a} is 1 long; blocked along axis {alt}", False
+    return a, reason, False
 
 
 def _inputs_to_consider(node: onnx.NodeProto, config: QuantizationConfig,
@@ -226,6 +236,7 @@ def plan_model(view: ModelView, config: QuantizationConfig) -> Plan:
             spec = config.weight if is_weight else config.activation
             if spec is None:
                 continue
+            flatten = False
             if compute:
                 axis, reason = reduction_axis(node, k, view)
                 priority = 1
@@ -241,7 +252,8 @@ def plan_model(view: ModelView, config: QuantizationConfig) -> Plan:
                     continue
             if not quark:
                 if is_weight:
-                    axis, reason = weight_axis(view, name, axis, reason, node.op_type)
+                    axis, reason, flatten = weight_axis(view, name, axis, reason,
+                                                        node.op_type)
                 else:
                     axis, reason = activation_axis(view, name, axis, reason,
                                                    keep_dynamic=node.op_type in
@@ -255,7 +267,7 @@ def plan_model(view: ModelView, config: QuantizationConfig) -> Plan:
             if name not in requests:
                 order.append(name)
             requests.setdefault(name, []).append(
-                _Request(idx, k, node.op_type, axis, reason, priority))
+                _Request(idx, k, node.op_type, axis, reason, priority, flatten))
     for name in order:
         reqs = requests[name]
         is_weight = view.is_weight(name)
@@ -263,12 +275,13 @@ def plan_model(view: ModelView, config: QuantizationConfig) -> Plan:
         assert spec is not None
         top = max(r.priority for r in reqs)
         best = [r for r in reqs if r.priority == top]
-        counts = Counter(r.axis for r in best)
-        winner_axis = max(counts, key=lambda a: (counts[a], -min(i for i, r in enumerate(best)
-                                                                 if r.axis == a)))
-        winner = next(r for r in best if r.axis == winner_axis)
+        counts = Counter((r.axis, r.flatten) for r in best)
+        winner_key = max(counts, key=lambda a: (counts[a], -min(
+            i for i, r in enumerate(best) if (r.axis, r.flatten) == a)))
+        winner = next(r for r in best if (r.axis, r.flatten) == winner_key)
+        winner_axis = winner.axis
         conflict = ""
-        distinct = sorted({r.axis for r in reqs}, key=lambda a: (a is None, a))
+        distinct = {(r.axis, r.flatten) for r in reqs}
         if len(distinct) > 1 and spec.op != "BF16":
             wanted = ", ".join(f"{r.op_type} {view.graph.node[r.node_idx].name!r} axis {r.axis}"
                                for r in reqs)
@@ -280,7 +293,8 @@ def plan_model(view: ModelView, config: QuantizationConfig) -> Plan:
             tensor=name, kind="weight" if is_weight else "activation", spec=spec,
             axis=None if spec.op == "BF16" else winner_axis,
             consumers=[(r.node_idx, r.input_idx) for r in reqs],
-            consumer_ops=[r.op_type for r in reqs], reason=winner.reason, conflict=conflict))
+            consumer_ops=[r.op_type for r in reqs], reason=winner.reason, conflict=conflict,
+            flatten=winner.flatten and spec.op != "BF16"))
     return plan
 
 

@@ -57,10 +57,14 @@ def _node_attrs(spec: FormatSpec, axis: int) -> dict[str, Any]:
 
 
 def fold_weight(values: np.ndarray, spec: FormatSpec, axis: Optional[int],
-                bf16_scale: float = 1.0) -> np.ndarray:
+                bf16_scale: float = 1.0, flatten: bool = False) -> np.ndarray:
     """The values a runtime node of ``spec`` along ``axis`` would produce for the constant
     ``values``, bit for bit: BFP and MX through the native kernels (the same code the ORT op
-    runs), BF16 through the Extended Q/DQ formulas with ``bf16_scale``."""
+    runs), BF16 through the Extended Q/DQ formulas with ``bf16_scale``.  ``flatten`` views
+    ``values`` as (shape[0], -1) first (the runtime form's Reshape pair)."""
+    if flatten and values.ndim > 2:
+        flat = values.reshape(values.shape[0], -1)
+        return fold_weight(flat, spec, axis, bf16_scale).reshape(values.shape)
     if spec.op == "BF16":
         scale = np.float32(bf16_scale)
         zp = np.zeros((), dtype=np.uint16)
@@ -143,7 +147,10 @@ def save_model_atomic(model: onnx.ModelProto, path: str,
         tmp_model = os.path.join(tmp, os.path.basename(path))
         if external:
             location = os.path.basename(path) + ".data"
-            onnx.save_model(model, tmp_model, save_as_external_data=True,
+            # Saving with external data rewrites the proto's tensors; keep the caller's intact.
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            onnx.save_model(copy, tmp_model, save_as_external_data=True,
                             all_tensors_to_one_file=True, location=location,
                             size_threshold=1024, convert_attribute=True)
             onnx.checker.check_model(tmp_model)
@@ -300,7 +307,7 @@ class _Rewriter:
         ref = self.view.weights[site.tensor]
         values = ref.array(self.view.base_dir)
         scale = self._weight_scale(site, values)
-        folded = fold_weight(values, site.spec, site.axis, scale)
+        folded = fold_weight(values, site.spec, site.axis, scale, site.flatten)
         all_consumers = self.view.consumers.get(site.tensor, [])
         exclusive = len(all_consumers) == len(site.consumers) and \
             site.tensor not in self.view.graph_outputs
@@ -357,9 +364,27 @@ class _Rewriter:
         else:
             op_type, domain = _OP_NAMES[(site.spec.op, self.cfg.legacy_names)]
             out = self.names.new(f"{t}_{site.spec.name}")
-            nodes.append(helper.make_node(op_type, [t], [out], domain=domain,
+            src, dst = t, out
+            shape = self.view.shape.get(t)
+            flatten = site.flatten and shape is not None and len(shape) > 2
+            if flatten:
+                # Block over each output channel's kernel window: (C, k...) -> (C, prod k).
+                flat_shape = self.names.new(f"{t}_flat_shape")
+                orig_shape = self.names.new(f"{t}_shape")
+                self.new_inits.append(numpy_helper.from_array(
+                    np.array([shape[0], -1], dtype=np.int64), flat_shape))
+                self.new_inits.append(numpy_helper.from_array(
+                    np.array(shape, dtype=np.int64), orig_shape))
+                src = self.names.new(f"{t}_flat")
+                dst = self.names.new(f"{t}_flat_{site.spec.name}")
+                nodes.append(helper.make_node("Reshape", [t, flat_shape], [src],
+                                              name=self.names.new(f"{t}_Reshape_flat")))
+            nodes.append(helper.make_node(op_type, [src], [dst], domain=domain,
                                           name=self.names.new(f"{t}_{op_type}"),
                                           **_node_attrs(site.spec, site.axis or 0)))
+            if flatten:
+                nodes.append(helper.make_node("Reshape", [dst, orig_shape], [out],
+                                              name=self.names.new(f"{t}_Reshape_back")))
             self.domains.add(domain)
         self._insert(site, nodes)
         self._rewire(site, out)

@@ -30,6 +30,7 @@ class SiteRecord:
     conflict: str = ""
     bf16_scale: Optional[float] = None
     runtime_nodes: list[str] = field(default_factory=list)
+    flatten: bool = False
 
     @classmethod
     def from_site(cls, site: Site, *, folded: bool, numel: int, itemsize: int,
@@ -40,7 +41,7 @@ class SiteRecord:
                    reason=site.reason, folded=folded, numel=numel, itemsize=itemsize,
                    bits_per_element=site.spec.bits_per_element(), output=output,
                    conflict=site.conflict, bf16_scale=bf16_scale,
-                   runtime_nodes=list(runtime_nodes or []))
+                   runtime_nodes=list(runtime_nodes or []), flatten=site.flatten)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -74,7 +75,8 @@ class QuantizationSummary:
 
     def axes(self) -> Counter:
         """Quantized tensors per (kind, axis)."""
-        return Counter((s.kind, s.axis) for s in self.sites)
+        return Counter((s.kind, "1 of (C, kernel window)" if s.flatten else s.axis)
+                       for s in self.sites)
 
     def runtime_node_count(self) -> int:
         return sum(len(s.runtime_nodes) for s in self.sites)
