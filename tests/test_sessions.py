@@ -1,0 +1,124 @@
+"""Session behaviour: many threads sharing one session, inputs left untouched, changing ranks
+between runs, the BF16 quantize / dequantize ops, and the library loader."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import ort_mx_ops
+from conftest import as_dtype, assert_bits_equal, make_session, one_node_model, run_session, sample_tensor
+from ort_mx_ops import reference
+from ort_mx_ops.formats import CONFIGS
+
+
+@pytest.mark.parametrize("config", ["MX6", "MXFP4E2M1", "BFP16"])
+def test_eight_threads_share_one_session(config: str) -> None:
+    cfg = CONFIGS[config]
+    op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
+    sess = make_session(one_node_model(op, "com.amd.quark", dict(cfg.attrs, axis=1)), threads=2)
+    rng = np.random.default_rng(11)
+    inputs = [sample_tensor(shape, rng) for shape in
+              [(64, 256), (3, 1000, 7), (4096,), (2, 50, 3, 9), (128, 33)] * 4]
+    serial = [run_session(sess, x, "float32") for x in inputs]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        parallel = list(pool.map(lambda x: run_session(sess, x, "float32"), inputs))
+    for x, a, b in zip(inputs, serial, parallel):
+        assert_bits_equal(b, a, f"threaded run of shape {x.shape}")
+
+
+@pytest.mark.parametrize("elem", ["float32", "float16", "bfloat16"])
+def test_input_buffer_is_unchanged(elem: str) -> None:
+    x = as_dtype(sample_tensor((16, 64), np.random.default_rng(5)), elem)
+    before = x.copy()
+    attrs = dict(CONFIGS["BFP16"].attrs, convert_to_bfloat_before_bfp=1)  # rounds a private copy
+    run_session(make_session(one_node_model("BFPQuantizeDequantize", "com.amd.quark", attrs, elem)),
+                x, elem)
+    assert_bits_equal(x, before, "input after the run")
+
+
+def test_rank_changes_between_runs() -> None:
+    sess = make_session(one_node_model("MXQuantizeDequantize", "com.amd.quark",
+                                       dict(CONFIGS["MXINT8"].attrs, axis=-1)))
+    rng = np.random.default_rng(2)
+    for shape in [(70,), (3, 70), (2, 3, 70), (2, 1, 3, 70), (), (1, 1), (5, 0)]:
+        x = sample_tensor(shape, rng, specials=False) if np.prod(shape) else np.zeros(shape, np.float32)
+        expected = reference.mx_quantize_dequantize(x, **dict(CONFIGS["MXINT8"].attrs, axis=-1))
+        assert_bits_equal(run_session(sess, x, "float32"), expected, f"shape {shape}")
+
+
+def bf16_model(op: str, domain: str, per_channel: int | None, axis: int = 1):
+    quantize = op in ("ExtendedQuantizeLinear", "VitisQuantizeLinear")
+    in_type, out_type = ((TensorProto.FLOAT, TensorProto.BFLOAT16) if quantize
+                         else (TensorProto.BFLOAT16, TensorProto.FLOAT))
+    n = per_channel or 1
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [n] if per_channel else [],
+                               np.linspace(0.5, 4.0, n).astype(np.float32).tolist())
+    zp_bits = reference.float32_to_bfloat16_bits(np.linspace(-2, 2, n).astype(np.float32))
+    zp = helper.make_tensor("zp", TensorProto.BFLOAT16, [n] if per_channel else [],
+                            zp_bits.tobytes(), raw=True)
+    node = helper.make_node(op, ["x", "scale", "zp"], ["y"], domain=domain, axis=axis)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", in_type, None)],
+                              [helper.make_tensor_value_info("y", out_type, None)],
+                              initializer=[scale, zp])
+    model = helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+    return model, np.linspace(0.5, 4.0, n).astype(np.float32), zp_bits
+
+
+def run_bf16(model, x: np.ndarray, in_elem: str, out_dtype) -> np.ndarray:
+    sess = make_session(model)
+    y = np.zeros(x.shape, out_dtype)
+    binding = sess.io_binding()
+    elem = {"float32": TensorProto.FLOAT, "bfloat16": TensorProto.BFLOAT16}
+    binding.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(x, elem[in_elem]))
+    out_elem = elem["bfloat16" if out_dtype == np.uint16 else "float32"]
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(y, out_elem))
+    sess.run_with_iobinding(binding)
+    return y
+
+
+@pytest.mark.parametrize("domain,names", [
+    ("com.amd.quark", ("ExtendedQuantizeLinear", "ExtendedDequantizeLinear")),
+    ("com.vai.quantize", ("VitisQuantizeLinear", "VitisDequantizeLinear"))])
+@pytest.mark.parametrize("per_channel", [None, 6])
+def test_bf16_quantize_dequantize(domain: str, names, per_channel) -> None:
+    x = sample_tensor((3, 6, 10), np.random.default_rng(9))
+    q_model, scale, zp = bf16_model(names[0], domain, per_channel)
+    q = run_bf16(q_model, x, "float32", np.uint16)
+    assert_bits_equal(q, reference.extended_quantize_linear(x, scale, zp, axis=1), "quantize")
+    dq_model, _, _ = bf16_model(names[1], domain, per_channel)
+    dq = run_bf16(dq_model, q, "bfloat16", np.float32)
+    assert_bits_equal(dq, reference.extended_dequantize_linear(q, scale, zp, axis=1), "dequantize")
+
+
+def test_bf16_quantize_by_hand() -> None:
+    # scale 1, zero point 0: 1 + 2^-8 is half a bfloat16 step above 1 (tie -> even 0x3F80);
+    # 1 + 3 * 2^-8 is a tie between 0x3F81 and 0x3F82 (-> even 0x3F82); NaN -> 0x7FC1.
+    x = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, np.nan, -2.0, np.inf], np.float32)
+    expected = [0x3F80, 0x3F82, 0x7FC1, 0xC000, 0x7F80]
+    assert reference.extended_quantize_linear(x, np.float32(1), np.uint16(0)).tolist() == expected
+    # Through onnxruntime, per-tensor scale 0.5 and zero point -2: y = bf16(2x - 2).
+    model, _, _ = bf16_model("ExtendedQuantizeLinear", "com.amd.quark", None)
+    x = np.array([1.5, 1 + 2 ** -9, np.nan, 0.0, -1.0], np.float32)
+    got = run_bf16(model, x, "float32", np.uint16)
+    assert got.tolist() == [0x3F80, 0x3B80, 0x7FC1, 0xC000, 0xC080]  # 1, 2^-8, NaN, -2, -4
+
+
+def test_bf16_scale_size_mismatch_is_an_error() -> None:
+    model, _, _ = bf16_model("ExtendedQuantizeLinear", "com.amd.quark", 4)
+    with pytest.raises(Exception, match="scale"):
+        run_bf16(model, np.ones((2, 6), np.float32), "float32", np.uint16)
+
+
+def test_loader() -> None:
+    assert "CPU" in ort_mx_ops.available_devices()
+    assert ort_mx_ops.get_library_path().endswith("libort_mx_ops_cpu.so")
+    assert ort_mx_ops.get_library_path("cpu") == ort_mx_ops.get_library_path("CPU")
+    with pytest.raises(ValueError, match="device"):
+        ort_mx_ops.get_library_path("TPU")
+    so = ort_mx_ops.register(ort.SessionOptions())
+    assert isinstance(so, ort.SessionOptions)
