@@ -58,6 +58,12 @@ def make_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
     x = (rng.standard_normal(n).astype(np.float32) * mag).astype(np.float32)
     if dtype == "float16":
         x = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 14, size=n))).astype(np.float32)
+    # Exact rounding ties (k + 1/2) * 2^j for every rounding mode, and a run of zeros.
+    ties = ((rng.integers(-300, 300, n) + 0.5) * np.exp2(rng.integers(-12, 4, n)))
+    x = np.where(rng.random(n) < 0.25, ties.astype(np.float32), x).astype(np.float32)
+    if n >= 24:
+        start = int(rng.integers(0, n - 8))
+        x[start:start + 8] = 0.0
     if n >= 8:
         k = max(1, n // 16)
         idx = rng.choice(n, size=k, replace=False)

@@ -1,0 +1,266 @@
+"""The GPU kernels on a real device, bit for bit against the CPU kernels.
+
+Through the GPU library's C entry points (csrc/cuda/test_entry.cu) on device buffers from
+PyTorch or CuPy, so no onnxruntime-gpu is needed; and through ONNX Runtime's CUDA execution
+provider where onnxruntime-gpu is installed. Every test skips, saying why, on a machine
+without a GPU, without PyTorch/CuPy, or without the GPU library.
+
+On a GPU machine: pip install . && pip install torch (or cupy) && pytest tests/test_gpu_kernels.py
+"""
+from __future__ import annotations
+
+import ctypes
+import zlib
+
+import numpy as np
+import pytest
+
+import gpu_cases as gc
+import ort_mx_ops
+
+
+# ------------------------------------------------------------------------------------------
+# Device buffers through PyTorch or CuPy
+# ------------------------------------------------------------------------------------------
+
+class TorchDevice:
+    name = "torch"
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.backend = "ROCM" if getattr(torch.version, "hip", None) else "CUDA"
+
+    def upload(self, a: np.ndarray):
+        a = np.ascontiguousarray(a)
+        signed = {np.dtype(np.uint16): np.int16, np.dtype(np.uint32): np.int32}
+        view = a.view(signed[a.dtype]) if a.dtype in signed else a
+        return self.torch.from_numpy(view.copy()).cuda()
+
+    def empty(self, n: int, dtype: np.dtype, fill: int):
+        return self.upload(np.full(n, fill, dtype={4: np.uint32, 2: np.uint16}[dtype.itemsize]))
+
+    def download(self, t, dtype: np.dtype) -> np.ndarray:
+        self.torch.cuda.synchronize()
+        return t.cpu().numpy().view(dtype)  # same bits, read as `dtype`
+
+    def ptr(self, t) -> int:
+        return t.data_ptr()
+
+    def stream(self) -> int:
+        return self.torch.cuda.current_stream().cuda_stream
+
+
+class CupyDevice:
+    name = "cupy"
+
+    def __init__(self):
+        import cupy
+        self.cp = cupy
+        self.backend = "ROCM" if getattr(cupy.cuda.runtime, "is_hip", False) else "CUDA"
+
+    def upload(self, a: np.ndarray):
+        return self.cp.asarray(np.ascontiguousarray(a))
+
+    def empty(self, n: int, dtype: np.dtype, fill: int):
+        return self.cp.full(n, fill, dtype={4: np.uint32, 2: np.uint16}[dtype.itemsize])
+
+    def download(self, a, dtype: np.dtype) -> np.ndarray:
+        self.cp.cuda.runtime.deviceSynchronize()
+        return self.cp.asnumpy(a).view(dtype)
+
+    def ptr(self, a) -> int:
+        return a.data.ptr
+
+    def stream(self) -> int:
+        return self.cp.cuda.get_current_stream().ptr
+
+
+def _find_device():
+    reasons = []
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return TorchDevice(), ""
+        reasons.append("PyTorch sees no GPU")
+    except ImportError:
+        reasons.append("PyTorch is not installed")
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return CupyDevice(), ""
+        reasons.append("CuPy sees no GPU")
+    except Exception as e:  # ImportError, or CuPy's error when no driver is present
+        reasons.append(f"CuPy unavailable ({type(e).__name__})")
+    return None, "; ".join(reasons)
+
+
+DEVICE, NO_DEVICE_REASON = _find_device()
+
+
+@pytest.fixture(scope="module")
+def device():
+    if DEVICE is None:
+        pytest.skip(f"needs a GPU through PyTorch or CuPy: {NO_DEVICE_REASON}")
+    return DEVICE
+
+
+@pytest.fixture(scope="module")
+def gpu_lib(device) -> ctypes.CDLL:
+    try:
+        path = ort_mx_ops.get_library_path(device.backend)
+    except FileNotFoundError as e:
+        pytest.skip(f"the {device.backend} library was not built: {e}")
+    return gc.bind(ctypes.CDLL(path))
+
+
+def run_device(device, lib, case: gc.Case, x: np.ndarray) -> np.ndarray:
+    dt = x.dtype
+    n = x.size
+    pad = 64 // dt.itemsize  # room for the misaligned cases
+    xs = np.zeros(n + pad, dtype=dt)
+    xs[case.offset:case.offset + n] = x.reshape(-1)
+    xd = device.upload(xs)
+    yd = device.empty(n + pad, dt, 0x55555555 if dt.itemsize == 4 else 0x5555)
+    off = case.offset * dt.itemsize
+    gc.call_qdq(lib, case.op, case.attr_string, case.dtype, case.shape, device.ptr(xd) + off,
+                device.ptr(yd) + off, device.stream())
+    y = device.download(yd, dt)
+    x_after = device.download(xd, dt)
+    assert np.array_equal(gc.bits(x_after), gc.bits(xs)), "the kernel wrote its input"
+    poison = gc.bits(y)
+    untouched = np.concatenate([poison[:case.offset], poison[case.offset + n:]])
+    assert np.all(untouched == (0x55555555 if dt.itemsize == 4 else 0x5555)), \
+        "the kernel wrote outside the output"
+    return y[case.offset:case.offset + n].reshape(case.shape).copy()
+
+
+CASES = gc.all_cases()
+
+
+def test_execution_provider_name(device, gpu_lib):
+    want = "ROCMExecutionProvider" if device.backend == "ROCM" else "CUDAExecutionProvider"
+    assert gpu_lib.mxops_gpu_execution_provider().decode() == want
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_gpu_matches_cpu(device, gpu_lib, case):
+    x = gc.make_input(case.shape, case.dtype, case.seed)
+    want = gc.cpu_reference(case, x)
+    got = run_device(device, gpu_lib, case, x)
+    diff = np.flatnonzero(gc.bits(got) != gc.bits(want))
+    assert diff.size == 0, (
+        f"{diff.size} of {x.size} elements differ; first at {diff[:5]}: got "
+        f"{gc.bits(got).reshape(-1)[diff[:5]]}, want {gc.bits(want).reshape(-1)[diff[:5]]}")
+
+
+@pytest.mark.parametrize("name", [n for n, c in gc.CONFIGS.items() if c.op != "BF16"])
+@pytest.mark.parametrize("shape,axis", [((4096, 1024), 1), ((1024, 4096), 0),
+                                        ((8, 3, 1000, 37), 2), ((3, 1 << 20), 1)])
+def test_gpu_matches_cpu_large(device, gpu_lib, name, shape, axis):
+    """Large tensors: many CTAs, grid-stride loops, every lane group busy."""
+    cfg = gc.CONFIGS[name]
+    for dtype in gc.DTYPES:
+        case = gc.Case(f"{name}-large", cfg.op, dict(cfg.attrs, axis=axis), dtype, shape,
+                       seed=zlib.crc32(f"{name}{shape}{dtype}".encode()))
+        x = gc.make_input(shape, dtype, case.seed)
+        want = gc.cpu_reference(case, x)
+        got = run_device(device, gpu_lib, case, x)
+        assert np.array_equal(gc.bits(got), gc.bits(want)), f"{name} {dtype} {shape} axis {axis}"
+
+
+@pytest.mark.parametrize("shape,axis,per_channel", [
+    ((5, 7), 1, False), ((64, 33), 1, True), ((4, 3, 6), -1, True), ((1000,), 0, True)])
+def test_gpu_bf16_quantize_dequantize(device, gpu_lib, shape, axis, per_channel):
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 100).astype(np.float32)
+    x.reshape(-1)[:4] = [np.nan, np.inf, -np.inf, 3.4e38]
+    channels = shape[axis % len(shape)] if per_channel else 1
+    scale = (rng.random(channels) * 2 + 0.25).astype(np.float32)
+    zp = (np.float32(rng.standard_normal(channels)).view(np.uint32) >> 16).astype(np.uint16)
+    xd, sd, zd = device.upload(x), device.upload(scale), device.upload(zp)
+    qd = device.empty(x.size, np.dtype(np.uint16), 0)
+    gc.call_bf16_qdq(gpu_lib, 0, shape, axis, per_channel, device.ptr(xd), device.ptr(sd),
+                     device.ptr(zd), device.ptr(qd), device.stream())
+    q = device.download(qd, np.dtype(np.uint16)).reshape(shape)
+    assert np.array_equal(q, gc.bf16_reference(0, x, scale, zp, axis))
+    dd = device.empty(x.size, np.dtype(np.float32), 0)
+    gc.call_bf16_qdq(gpu_lib, 1, shape, axis, per_channel, device.ptr(qd), device.ptr(sd),
+                     device.ptr(zd), device.ptr(dd), device.stream())
+    d = device.download(dd, np.dtype(np.float32)).reshape(shape)
+    assert np.array_equal(gc.bits(d), gc.bits(gc.bf16_reference(1, q, scale, zp, axis)))
+
+
+# ------------------------------------------------------------------------------------------
+# Through ONNX Runtime's CUDA execution provider (onnxruntime-gpu)
+# ------------------------------------------------------------------------------------------
+
+def _ort_gpu_provider() -> tuple[str | None, str]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None, "onnxruntime is not installed"
+    available = ort.get_available_providers()
+    for provider, device in (("CUDAExecutionProvider", "CUDA"), ("ROCMExecutionProvider", "ROCM")):
+        if provider in available:
+            if device not in ort_mx_ops.available_devices():
+                return None, f"{provider} is available but the {device} library was not built"
+            return provider, ""
+    return None, ("this onnxruntime has no CUDAExecutionProvider/ROCMExecutionProvider "
+                  "(install onnxruntime-gpu)")
+
+
+ORT_PROVIDER, NO_ORT_REASON = _ort_gpu_provider()
+ORT_CASES = list(gc.config_cases(shapes=[((6, 64), 1), ((5, 37), -1), ((2, 19, 33), 1),
+                                         ((333,), 0)]))
+OPS = {"BFP": ("BFPQuantizeDequantize", "com.amd.quark"),
+       "MX": ("MXQuantizeDequantize", "com.amd.quark")}
+
+
+def _ort_session(model, provider: str):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # every node on the GPU
+    ort_mx_ops.register(so, "ROCM" if provider.startswith("ROCM") else "CUDA")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+
+
+@pytest.mark.skipif(ORT_PROVIDER is None, reason=NO_ORT_REASON or "no GPU provider")
+@pytest.mark.parametrize("case", ORT_CASES, ids=[c.name for c in ORT_CASES])
+def test_ort_gpu_provider_matches_cpu(case):
+    from conftest import one_node_model, run_session
+    op, domain = OPS[case.op]
+    x = gc.make_input(case.shape, case.dtype, case.seed)
+    want = gc.cpu_reference(case, x)
+    sess = _ort_session(one_node_model(op, domain, dict(case.attrs), case.dtype,
+                                       rank=len(case.shape)), ORT_PROVIDER)
+    got = run_session(sess, x, case.dtype)
+    assert np.array_equal(gc.bits(got), gc.bits(want))
+
+
+@pytest.mark.skipif(ORT_PROVIDER is None, reason=NO_ORT_REASON or "no GPU provider")
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_ort_gpu_provider_bf16_pair(per_channel):
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 8, 5)) * 10).astype(np.float32)
+    c = 8 if per_channel else 1
+    scale = (rng.random(c) + 0.5).astype(np.float32)
+    zp = np.zeros(c, np.uint16)
+    shape = [c] if per_channel else []
+    inits = [numpy_helper.from_array(scale.reshape(shape), "s"),
+             helper.make_tensor("z", TensorProto.BFLOAT16, shape, zp.tolist(), raw=False)]
+    nodes = [helper.make_node("ExtendedQuantizeLinear", ["x", "s", "z"], ["q"],
+                              domain="com.amd.quark", axis=1),
+             helper.make_node("ExtendedDequantizeLinear", ["q", "s", "z"], ["y"],
+                              domain="com.amd.quark", axis=1)]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+                              initializer=inits)
+    model = helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.amd.quark", 1)])
+    got = _ort_session(model, ORT_PROVIDER).run(None, {"x": x})[0]
+    q = gc.bf16_reference(0, x, scale, zp, 1)
+    want = gc.bf16_reference(1, q, scale, zp, 1)
+    assert np.array_equal(gc.bits(got), gc.bits(want))
