@@ -147,7 +147,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--library", help="path of the GPU library (default: the installed one)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a run is below 85 %% of the copy bandwidth")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when a run is below 85 %% of the copy bandwidth")
     args = ap.parse_args()
 
     dev = Device()
@@ -205,7 +206,8 @@ def main() -> int:
                                                    elements=n, shape=shape, results=results),
                                               indent=1))
     below = [r for r in results if r["ratio"] < TARGET]
-    print(f"{len(results) - len(below)} of {len(results)} runs at >= {TARGET:.0%} of copy bandwidth")
+    print(f"{len(results) - len(below)} of {len(results)} runs at >= {TARGET:.0%} "
+          "of the copy bandwidth")
     return 1 if args.check and below else 0
 
 

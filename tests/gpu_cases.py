@@ -170,7 +170,8 @@ def variant_cases(dtypes=DTYPES) -> Iterator[Case]:
         ("prime-bs64-sub4", "BFP", _with(mx9, block_size=64, sub_block_size=4),
          [((3, 64), 1), ((2, 200), 1), ((70, 2), 0)]),
         ("prime-shift3", "BFP", _with(mx9, sub_block_shift_bits=3), inner + outer),
-        ("identity", "BFP", _with(bfp, convert_to_bfloat_before_bfp=1), [((1, 1, 1), 2), ((1,), 0)]),
+        ("identity", "BFP", _with(bfp, convert_to_bfloat_before_bfp=1),
+         [((1, 1, 1), 2), ((1,), 0)]),
         ("identity-mx", "MX", fp8, [((1, 1), 1)]),
         ("empty", "MX", fp8, [((0, 5), 1), ((3, 0), 1)]),
     ]

@@ -174,7 +174,8 @@ def test_rocm_library_carries_device_code_for_every_target(rocm_library):
     found_kernels = {arch: set() for arch in ROCM_ARCHS}
     for bundle in bundles:
         for arch in ROCM_ARCHS:
-            ids = [t for t in bundle if t.startswith("hip") and t.split("--")[-1].split(":")[0] == arch]
+            ids = [t for t in bundle
+                   if t.startswith("hip") and t.split("--")[-1].split(":")[0] == arch]
             assert ids, f"a bundle lacks {arch}: it has {sorted(bundle)}"
             code = bundle[ids[0]]
             assert code[:4] == b"\x7fELF", f"the {arch} entry is not a code object"

@@ -70,7 +70,7 @@ template <class IO>
 void launch_identity(const void* x, void* y, bool bf16_first, cudaStream_t stream) {
   using T = typename IO::T;
   MXOPS_LAUNCH(1, 1, stream, identity_kernel<IO>)(static_cast<const T*>(x), static_cast<T*>(y),
-                                            bf16_first);
+                                                  bf16_first);
 }
 
 }  // namespace
@@ -102,7 +102,8 @@ std::string launch_bf16_quantize_linear(const float* x, const float* scale,
                                         const uint16_t* zero_point, bool per_channel,
                                         const Geometry& g, uint16_t* y, void* stream) {
   if (g.num_elements == 0) return "";
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, static_cast<cudaStream_t>(stream), bf16_quantize_kernel)(
+  const auto s = static_cast<cudaStream_t>(stream);
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s, bf16_quantize_kernel)(
       x, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, y);
   return launch_status("the bfloat16 quantize kernel");
 }
@@ -111,7 +112,8 @@ std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
                                           const uint16_t* zero_point, bool per_channel,
                                           const Geometry& g, float* x, void* stream) {
   if (g.num_elements == 0) return "";
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, static_cast<cudaStream_t>(stream), bf16_dequantize_kernel)(
+  const auto s = static_cast<cudaStream_t>(stream);
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s, bf16_dequantize_kernel)(
       y, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, x);
   return launch_status("the bfloat16 dequantize kernel");
 }

@@ -131,8 +131,9 @@ Launch<P...> launcher(unsigned grid, unsigned block, void (*kernel)(P...)) {
 
 }  // namespace mxops::gpu::emu
 
-#define MXOPS_LAUNCH(grid, block, stream, ...) \
-  ::mxops::gpu::emu::launcher(static_cast<unsigned>(grid), static_cast<unsigned>(block), __VA_ARGS__)
+#define MXOPS_LAUNCH(grid, block, stream, ...)                                    \
+  ::mxops::gpu::emu::launcher(static_cast<unsigned>(grid), static_cast<unsigned>(block), \
+                              __VA_ARGS__)
 
 namespace mxops::gpu::port {
 inline int shfl_xor(int v, int lane_mask) { return emu::exchange(v, emu::lane ^ lane_mask); }

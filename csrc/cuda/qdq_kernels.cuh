@@ -432,8 +432,7 @@ inline bool choose_sub_mode(bool has_sub, int sub, int V, bool cached, int G, Qd
     a.sub_mode = SubMode::kInThread;
     return true;
   }
-  const int lanes = G;
-  if (sub % V == 0 && is_pow2(sub / V) && sub / V <= lanes) {
+  if (sub % V == 0 && is_pow2(sub / V) && sub / V <= G) {
     a.sub_mode = SubMode::kLanes;
     a.lanes_per_sub = sub / V;
     return true;
@@ -463,9 +462,11 @@ bool try_contiguous(QdqArgs a, const Policy& pol, cudaStream_t stream) {
     constexpr int U = V == 1 ? 8 : 16 / V;
     const int64_t per_unit = static_cast<int64_t>(kGroupLanes / G) * U;
     const int64_t units = (a.num_blocks + per_unit - 1) / per_unit;
-    MXOPS_LAUNCH(grid_for(units * kGroupLanes), kThreadsPerCta, stream, contiguous_cached_kernel<Ld, Policy, V>)(a, pol);
+    MXOPS_LAUNCH(grid_for(units * kGroupLanes), kThreadsPerCta, stream,
+                 contiguous_cached_kernel<Ld, Policy, V>)(a, pol);
   } else {
-    MXOPS_LAUNCH(grid_for(a.num_blocks * kGroupLanes), kThreadsPerCta, stream, contiguous_long_kernel<Ld, Policy, V>)(a, pol);
+    MXOPS_LAUNCH(grid_for(a.num_blocks * kGroupLanes), kThreadsPerCta, stream,
+                 contiguous_long_kernel<Ld, Policy, V>)(a, pol);
   }
   return true;
 }
@@ -480,7 +481,8 @@ void launch_strided(QdqArgs a, const Policy& pol, cudaStream_t stream) {
   else if (a.block_size <= 16)
     MXOPS_LAUNCH(grid, kThreadsPerCta, stream, strided_kernel<Ld, Policy, 16>)(a, pol);
   else if (a.block_size <= kCachedStridedRows)
-    MXOPS_LAUNCH(grid, kThreadsPerCta, stream, strided_kernel<Ld, Policy, kCachedStridedRows>)(a, pol);
+    MXOPS_LAUNCH(grid, kThreadsPerCta, stream,
+                 strided_kernel<Ld, Policy, kCachedStridedRows>)(a, pol);
   else
     MXOPS_LAUNCH(grid, kThreadsPerCta, stream, strided_kernel<Ld, Policy, 0>)(a, pol);
 }

@@ -30,7 +30,9 @@ namespace mxops::gpu::port {
 
 // Shuffles within an aligned group of `width` (<= 32) lanes; width 32 splits a wave64 in two
 // independent halves, exactly like a CUDA warp.
-__device__ __forceinline__ int shfl_xor(int v, int lane_mask) { return __shfl_xor(v, lane_mask, 32); }
+__device__ __forceinline__ int shfl_xor(int v, int lane_mask) {
+  return __shfl_xor(v, lane_mask, 32);
+}
 __device__ __forceinline__ int shfl_up(int v, int delta, int width) {
   return __shfl_up(v, static_cast<unsigned int>(delta), width);
 }
