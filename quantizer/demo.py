@@ -227,8 +227,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--model", help="float ONNX model (default: rapidocr's PP-OCRv4 recognizer)")
     p.add_argument("--configs", nargs="+", default=None, metavar="NAME",
                    help=f"configurations to run (default: all: {' '.join(config_names())})")
-    p.add_argument("--lines", type=int, default=120,
-                   help="text lines to render and recognize (default 120; more is steadier)")
+    p.add_argument("--lines", type=int, default=100,
+                   help="text lines to render and recognize (default 100; more is steadier)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--font", action="append", default=[], metavar="FILE",
                    help="extra .ttf/.otf font to render with (repeatable)")
