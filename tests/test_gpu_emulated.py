@@ -7,6 +7,7 @@ test_gpu_kernels.py checks the real compiled kernels where a GPU is present.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import shutil
 import subprocess
@@ -48,12 +49,42 @@ def emulated(tmp_path_factory) -> ctypes.CDLL:
     return gc.bind(ctypes.CDLL(str(lib)))
 
 
+class GuardedBuffer:
+    """`nbytes` of memory ending exactly at an inaccessible page, so a kernel that reads or
+    writes past the end of its tensor crashes the test instead of passing by luck."""
+
+    _libc = ctypes.CDLL(None, use_errno=True)
+
+    def __init__(self, nbytes: int, dtype: np.dtype):
+        page = mmap.PAGESIZE
+        self.size = (nbytes + page - 1) // page * page + page
+        self.map = mmap.mmap(-1, self.size, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        guard = base + self.size - page
+        if self._libc.mprotect(ctypes.c_void_p(guard), page, 0) != 0:  # PROT_NONE
+            raise OSError(ctypes.get_errno(), "mprotect failed")
+        start = self.size - page - nbytes
+        self.array = np.frombuffer(self.map, dtype=dtype, count=nbytes // dtype.itemsize,
+                                   offset=start)
+        self.ptr = base + start
+
+
 def run_emulated(lib: ctypes.CDLL, case: gc.Case, x: np.ndarray) -> np.ndarray:
-    n = x.size
-    dt = x.dtype
-    # Buffers at a 64-byte boundary plus case.offset elements.
+    """Runs the emulated kernels on x. The tensors end at an inaccessible page (trailing
+    reads and writes crash) unless case.offset asks for a misaligned start; then both sit at
+    `offset` elements past a 64-byte boundary with poisoned padding around them."""
+    n, dt = x.size, x.dtype
+    if case.offset == 0 and n > 0:
+        xg, yg = GuardedBuffer(n * dt.itemsize, dt), GuardedBuffer(n * dt.itemsize, dt)
+        xg.array[:] = x.reshape(-1)
+        yg.array[:] = np.frombuffer(b"\x55" * (n * dt.itemsize), dtype=dt)
+        gc.call_qdq(lib, case.op, case.attr_string, case.dtype, case.shape, xg.ptr, yg.ptr)
+        assert np.array_equal(gc.bits(xg.array), gc.bits(x.reshape(-1))), "the input was written"
+        return yg.array.reshape(case.shape).copy()
+    poison = 0x5555 if dt.itemsize == 2 else 0x55555555
     xb = np.zeros(n + 64, dtype=dt)
-    yb = np.full(n + 64, 0x5555 if dt.kind == "u" else np.nan, dtype=dt)
+    yb = np.zeros(n + 64, dtype=dt)
+    gc.bits(yb)[:] = poison  # bits() of a contiguous array is a view
     pad_x = (-(xb.ctypes.data % 64) // dt.itemsize) % (64 // dt.itemsize) + case.offset
     pad_y = (-(yb.ctypes.data % 64) // dt.itemsize) % (64 // dt.itemsize) + case.offset
     xv = xb[pad_x:pad_x + n]
@@ -62,6 +93,8 @@ def run_emulated(lib: ctypes.CDLL, case: gc.Case, x: np.ndarray) -> np.ndarray:
     gc.call_qdq(lib, case.op, case.attr_string, case.dtype, case.shape, xv.ctypes.data,
                 yv.ctypes.data)
     assert np.array_equal(gc.bits(xv), gc.bits(x.reshape(-1))), "the input was written"
+    outside = np.concatenate([gc.bits(yb)[:pad_y], gc.bits(yb)[pad_y + n:]])
+    assert np.all(outside == poison), "the kernel wrote outside its output"
     return yv.reshape(case.shape).copy()
 
 
