@@ -182,6 +182,15 @@ def variant_cases(dtypes=DTYPES) -> Iterator[Case]:
                 seed += 1
                 yield Case(f"{name}-{dtype}-{shape}-ax{axis}", op, _with(attrs, axis=axis),
                            dtype, shape, seed=seed)
+    # Enough blocks for several CTAs, so grid-stride loops run more than one round where the
+    # grid is capped (the emulated build caps it at 3 CTAs).
+    for name in ("BFP16", "MX9", "MXFP4E2M1", "MXINT8"):
+        cfg = CONFIGS[name]
+        for dtype in dtypes:
+            for shape, axis in (((64, 256), 1), ((256, 64), 0), ((33, 300), 1), ((30, 7, 40), 1)):
+                seed += 1
+                yield Case(f"{name}-{dtype}-{shape}-ax{axis}-many", cfg.op,
+                           _with(cfg.attrs, axis=axis), dtype, shape, seed=seed)
     # Buffers one element off a 16-byte boundary: the scalar path must take over.
     for name in ("BFP16", "MX9", "MXFP6E2M3"):
         cfg = CONFIGS[name]

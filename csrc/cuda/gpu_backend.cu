@@ -12,12 +12,11 @@ namespace mxops::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 22;
 
 unsigned elementwise_grid(int64_t n) {
   int64_t ctas = (n + kThreads - 1) / kThreads;
   if (ctas < 1) ctas = 1;
-  return static_cast<unsigned>(ctas < kMaxGrid ? ctas : kMaxGrid);
+  return static_cast<unsigned>(ctas < kMaxCtas ? ctas : kMaxCtas);
 }
 
 std::string launch_status(const char* what) {

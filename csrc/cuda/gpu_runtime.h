@@ -38,6 +38,13 @@ __device__ __forceinline__ int shfl(int v, int src_lane, int width) {
 }  // namespace mxops::gpu::port
 #endif
 
+// Grids are capped at this many CTAs and kernels grid-stride beyond it (HIP also limits a
+// launch to 2^32 threads along x). Tests lower it to run the grid-stride paths on small inputs.
+#ifndef MXOPS_GPU_MAX_CTAS
+#define MXOPS_GPU_MAX_CTAS (1 << 22)
+#endif
+
 namespace mxops::gpu {
 constexpr int kGroupLanes = 32;
+constexpr long long kMaxCtas = MXOPS_GPU_MAX_CTAS;
 }  // namespace mxops::gpu

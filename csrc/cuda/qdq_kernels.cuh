@@ -31,7 +31,6 @@
 namespace mxops::gpu {
 
 constexpr int kThreadsPerCta = 256;
-constexpr int64_t kMaxCtas = int64_t{1} << 22;  // grid-stride beyond (HIP caps x threads at 2^32)
 constexpr int kCachedStridedRows = 32;        // inner > 1: blocks this long stay in registers
 
 // How a contiguous kernel finds the maximum of each sub-block (to_bfp_prime).
