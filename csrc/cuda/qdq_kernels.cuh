@@ -21,12 +21,15 @@
 // Indexing is 64-bit; kernels allocate nothing and grid-stride, so any size launches.
 #pragma once
 
+// gpu_runtime.h first: under HIP it brings in the runtime header that defines the
+// __host__ __device__ __forceinline__ qualifiers of the numeric core.
+#include "gpu_runtime.h"  // NOLINT(build/include_order)
+
 #include <cstdint>
 #include <type_traits>
 
 #include "../common/block_ops.h"
 #include "../common/params.h"
-#include "gpu_runtime.h"
 
 namespace mxops::gpu {
 

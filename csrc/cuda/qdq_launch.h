@@ -2,9 +2,10 @@
 // qdq_float16.cu and qdq_bfloat16.cu (one translation unit each, so builds run in parallel).
 #pragma once
 
+#include "gpu_runtime.h"  // first: see qdq_kernels.cuh
+
 #include "../common/numerics.h"
 #include "../common/params.h"
-#include "gpu_runtime.h"
 
 namespace mxops::gpu {
 

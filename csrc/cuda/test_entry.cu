@@ -4,6 +4,8 @@
 // `stream` (0: the default stream); nothing synchronises.
 //
 // Each returns 0 on success, or 1 with a message in err[0..err_len) (always NUL-terminated).
+#include "gpu_runtime.h"  // first: see qdq_kernels.cuh
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
