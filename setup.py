@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -121,6 +122,9 @@ def find_ort_headers(build_dir: Path) -> Path:
 
 COMMON_SOURCES = ["csrc/common/params.cc", "csrc/cpu/qdq_cpu.cc"]
 REGISTRATION = "csrc/common/ort_ops.cc"
+SIMD_SOURCE = "csrc/cpu/qdq_simd.cc"
+SIMD_VARIANTS = ([(8, "-mavx2"), (16, "-mavx512f -mavx512bw -mavx512vl -mavx512dq")]
+                 if platform.machine().lower() in ("x86_64", "amd64") else [])
 
 
 def _ninja_binary() -> str:
@@ -174,6 +178,10 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
         return obj
 
     cpu_objs = [compile_cxx(s, "cpu") for s in COMMON_SOURCES]
+    # SIMD walkers of the CPU kernels: one object per instruction set, chosen at run time
+    # (csrc/cpu/qdq_simd.h); never -march=native.
+    cpu_objs += [compile_cxx(SIMD_SOURCE, f"cpu_simd{width}", f"{flags} -DMXOPS_SIMD_WIDTH={width}")
+                 for width, flags in SIMD_VARIANTS]
     reg_cpu = compile_cxx(REGISTRATION, "cpu", "$ortinc")
     build.append(f"build {outputs['cpu']}: link {' '.join(cpu_objs + [reg_cpu])}\n"
                  "  ldflags = -Wl,--exclude-libs,ALL -static-libstdc++ -static-libgcc")

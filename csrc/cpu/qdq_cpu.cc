@@ -1,10 +1,12 @@
 #include "qdq_cpu.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "../common/bf16_qdq.h"
 #include "../common/block_ops.h"
+#include "qdq_simd.h"
 
 namespace mxops::cpu {
 namespace {
@@ -130,6 +132,73 @@ void for_each_chunk(int64_t n, const TaskRunner& run, Body body) {
   });
 }
 
+// The SIMD walker this processor runs: AVX-512 (F, BW, VL, DQ), else AVX2, else none.
+// MXOPS_CPU_ISA=scalar|avx2|avx512 narrows the choice (read on every call, for testing and
+// benchmarking); a request the processor cannot run falls back to what it can.
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+Isa detected_isa() {
+#if !defined(__x86_64__)
+  return Isa::kScalar;  // setup.py builds the SIMD walkers for x86-64 only
+#else
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+    return Isa::kScalar;
+  }();
+  return isa;
+#endif
+}
+
+Isa selected_isa() {
+  Isa isa = detected_isa();
+  if (const char* req = std::getenv("MXOPS_CPU_ISA")) {
+    if (std::strcmp(req, "scalar") == 0) isa = Isa::kScalar;
+    else if (std::strcmp(req, "avx2") == 0 && isa == Isa::kAvx512) isa = Isa::kAvx2;
+  }
+  return isa;
+}
+
+// Runs the op with the SIMD walker of `isa`; false when that walker does not handle it.
+bool run_simd(Isa isa, const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
+              const TaskRunner& run_tasks) {
+  if (isa == Isa::kScalar) return false;
+  SimdOp op;
+  op.method = static_cast<int>(p.method);
+  op.rounding_mode = p.rounding_mode;
+  op.mantissa_bits = p.mantissa_bits;
+  op.sub_block_size = p.sub_block_size;
+  op.sub_block_shift_bits = p.sub_block_shift_bits;
+  op.bf16_first = p.bf16_first;
+  op.element = p.element;
+  op.dtype = static_cast<int>(t);
+  op.block_size = p.block_size;
+  op.x = x;
+  op.y = y;
+  op.outer = g.outer;
+  op.length = g.length;
+  op.inner = g.inner;
+#if !defined(__x86_64__)
+  (void)g;
+  (void)run_tasks;
+  return false;
+#else
+  const bool wide = isa == Isa::kAvx512;
+  if (!(wide ? simd16::prepare(op) : simd8::prepare(op))) return false;
+  const int64_t per = op.units_per_task;
+  const int64_t tasks = (op.units + per - 1) / per;
+  run_tasks(tasks, [&](int64_t task) {
+    const int64_t begin = task * per, end = std::min(op.units, begin + per);
+    if (wide) simd16::run_units(op, begin, end);
+    else simd8::run_units(op, begin, end);
+  });
+  return true;
+#endif
+}
+
 }  // namespace
 
 void run_serial(int64_t n_tasks, const std::function<void(int64_t)>& body) {
@@ -147,6 +216,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
     }
     return;
   }
+  if (run_simd(selected_isa(), p, t, x, y, g, run)) return;
   dispatch_block_op(p, t, QdqRunner{x, y, g, p.block_size, run});
 }
 
