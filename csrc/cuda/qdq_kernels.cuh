@@ -17,6 +17,9 @@
 // inner > 1 (blocked axis outer): neighbouring threads take neighbouring columns, each
 //   walking its own block down the column, so every row access of a warp is contiguous.
 //   Blocks of up to 32 elements stay in registers; longer ones are re-read per pass.
+// Sub-block layouts the contiguous kernels cannot reduce with shuffles (e.g. sub_block_size 3
+//   in a block longer than 32) take the per-thread walk of the inner > 1 kernel with inner 1:
+//   correct, not coalesced, and not used by any configuration of SPEC section 3.
 //
 // Indexing is 64-bit; kernels allocate nothing and grid-stride, so any size launches.
 #pragma once
@@ -34,7 +37,7 @@
 namespace mxops::gpu {
 
 constexpr int kThreadsPerCta = 256;
-constexpr int kCachedStridedRows = 32;        // inner > 1: blocks this long stay in registers
+constexpr int kCachedStridedRows = 32;  // inner > 1: blocks this long stay in registers
 
 // How a contiguous kernel finds the maximum of each sub-block (to_bfp_prime).
 enum class SubMode : int {
