@@ -22,6 +22,9 @@
 #define MXOPS_CAT(a, b) MXOPS_CAT2(a, b)
 #define MXOPS_SIMD_NS MXOPS_CAT(simd, MXOPS_SIMD_WIDTH)
 
+#ifndef MXOPS_PREFETCH
+#define MXOPS_PREFETCH 2048
+#endif
 #define VINL inline __attribute__((always_inline))
 
 namespace mxops::cpu::MXOPS_SIMD_NS {
@@ -39,6 +42,9 @@ constexpr int64_t kChunk = 16384;
 constexpr int64_t kTileColumns = 256;
 constexpr int64_t kTileVectors = kTileColumns / W;
 constexpr int64_t kElementsPerTask = 1 << 16;
+// Software prefetch distance along a stream, in bytes: the per-line work of the block walk is
+// long enough that the hardware prefetchers alone leave the loads waiting on memory.
+constexpr int64_t kPrefetchBytes = MXOPS_PREFETCH;
 
 VINL int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 VINL int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -342,10 +348,25 @@ struct Walker {
     }
   }
 
+  // Prefetches the stream `kPrefetchBytes` ahead of p (read) and q (write).
+  VINL static void prefetch(const T* p, T* q) {
+    if constexpr (kPrefetchBytes > 0) {
+      __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, 3);
+      __builtin_prefetch(reinterpret_cast<char*>(q) + kPrefetchBytes, 1, 3);
+    }
+  }
+
   // ---- blocked axis innermost: units are (row, chunk of kChunk elements) ----
   int64_t chunks_per_row() const { return (length + kChunk - 1) / kChunk; }
 
   void contiguous(int64_t u0, int64_t u1) const {
+    // Locals: the vector stores (memcpy) may alias anything reachable through `this`, which
+    // would reload every policy constant after each store.
+    const Pol pol = this->pol;
+    const T* const x = this->x;
+    T* const y = this->y;
+    const int64_t length = this->length, inner = this->inner, bs = this->bs, sub = this->sub;
+    (void)inner;
     const int64_t cpr = chunks_per_row();
     const int64_t group = max64(bs, W);
     I masks[8] = {};
@@ -362,6 +383,7 @@ struct Walker {
       if (bs >= W) {
         const int64_t nv = bs / W;
         for (int64_t g = 0; g < n_simd; g += group) {
+          prefetch(px + g, py + g);
           I s = pol.key(Ld::load(px + g));
           for (int64_t i = 1; i < nv; ++i) s = vmax(s, pol.key(Ld::load(px + g + i * W)));
           for (int k = 0; k < steps; ++k) s = vmax(s, xor_lanes(s, masks[k]));
@@ -380,6 +402,7 @@ struct Walker {
         }
       } else {
         for (int64_t g = 0; g < n_simd; g += W) {
+          prefetch(px + g, py + g);
           const F v = Ld::load(px + g);
           const I k0 = pol.key(v);
           I s = k0;
@@ -402,6 +425,13 @@ struct Walker {
   int64_t blocks_along() const { return (length + bs - 1) / bs; }
 
   void strided(int64_t u0, int64_t u1) const {
+    // Locals: the vector stores (memcpy) may alias anything reachable through `this`, which
+    // would reload every policy constant after each store.
+    const Pol pol = this->pol;
+    const T* const x = this->x;
+    T* const y = this->y;
+    const int64_t length = this->length, inner = this->inner, bs = this->bs, sub = this->sub;
+    (void)inner;
     const int64_t tpr = tiles_per_row(), ba = blocks_along();
     I s[kTileVectors], sm[kTileVectors];
     Params prm[kTileVectors];
@@ -413,10 +443,20 @@ struct Walker {
       const int64_t base = (o * length + j0) * inner + col0;
       const T* px = x + base;
       T* py = y + base;
+      // pass 1 reads every row of the block; the next tile of these rows (same rows,
+      // kTileColumns further) is prefetched meanwhile, for reading and for writing
+      const bool ahead = col0 + 2 * kTileColumns <= inner;
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.key(Ld::load(px + v * W));
       for (int64_t j = 1; j < n; ++j) {
         const T* row = px + j * inner;
         for (int64_t v = 0; v < nv; ++v) s[v] = vmax(s[v], pol.key(Ld::load(row + v * W)));
+      }
+      if (ahead && kPrefetchBytes > 0) {
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
+            __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 3);
+            __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 3);
+          }
       }
       const int64_t step = Pol::kSubBlocks ? sub : n;
       for (int64_t a = 0; a < n; a += step) {
