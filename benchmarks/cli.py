@@ -1,0 +1,138 @@
+"""Command line of the benchmark: ``ort-mx-bench`` / ``python -m ort_mx_ops.benchmarks``.
+
+    ort-mx-bench                                 # every EP, config, dtype; 4 Ki .. 64 Mi
+    ort-mx-bench --tiny                          # smoke sweep (seconds)
+    ort-mx-bench --sizes 16Mi --dtypes float32   # the CPU target point
+    ort-mx-bench --other-library /path/to/libcustom_ops.so   # e.g. Quark's, same op names
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ort_mx_ops.benchmarks import harness, report
+from ort_mx_ops.formats import CONFIGS
+
+__all__ = ["main", "parse_size"]
+
+
+def parse_size(text: str) -> int:
+    """'4096', '4Ki', '16Mi', '1M' -> elements."""
+    t = text.strip()
+    units = {"ki": 1 << 10, "k": 1 << 10, "mi": 1 << 20, "m": 1 << 20, "gi": 1 << 30, "g": 1 << 30}
+    for suffix in sorted(units, key=len, reverse=True):
+        if t.lower().endswith(suffix):
+            return int(float(t[: -len(suffix)]) * units[suffix])
+    return int(t)
+
+
+def _list(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ort-mx-bench",
+        description="Benchmark the ort-mx-ops quantize-dequantize ops per onnxruntime "
+                    "execution provider, against Neg, a copy, the same op built from "
+                    "standard ONNX ops, and optionally another custom-op library.")
+    p.add_argument("--ep", default="all",
+                   help="execution providers, comma separated (CPU, CUDA, ROCM or full names); "
+                        "default: every one the installed onnxruntime has")
+    p.add_argument("--configs", default="all", help=f"comma separated of {', '.join(CONFIGS)}")
+    p.add_argument("--dtypes", default="float32,float16,bfloat16")
+    p.add_argument("--layouts", default="innermost,outer",
+                   help="blocked axis innermost (axis 1 of [rows, cols]) and/or outer (axis 0)")
+    p.add_argument("--sizes", default=None,
+                   help="elements, powers of two, comma separated (e.g. 4Ki,1Mi,16Mi); "
+                        "default 4Ki..64Mi by factors of 4")
+    p.add_argument("--tiny", action="store_true",
+                   help="smoke sweep: 4Ki and 16Ki elements, float32, few repeats")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ORT default)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per variant, at least")
+    p.add_argument("--max-repeats", type=int, default=30)
+    p.add_argument("--min-time", type=float, default=0.3,
+                   help="seconds of timed runs per variant, at least (up to --max-repeats)")
+    p.add_argument("--no-standard", action="store_true",
+                   help="skip the standard-ONNX graphs")
+    p.add_argument("--standard-max-size", default="64Mi",
+                   help="largest size at which the (slow) standard-ONNX graphs run")
+    p.add_argument("--other-library", default=None,
+                   help="another custom-op library with the same op names (e.g. Quark's)")
+    p.add_argument("--out", default="bench-results", help="output folder")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _resolve_eps(text: str) -> list[str]:
+    have = harness.available_eps()
+    if text == "all":
+        return have
+    eps = []
+    for name in _list(text):
+        full = name if name.endswith("ExecutionProvider") else f"{name.upper()}ExecutionProvider"
+        full = full.replace("CPUEXECUTIONPROVIDER", "CPUExecutionProvider")
+        if full not in harness.EP_DEVICE:
+            raise SystemExit(f"unknown execution provider {name!r}")
+        if full not in have:
+            raise SystemExit(f"{full} is not in this onnxruntime ({', '.join(have)})")
+        eps.append(full)
+    return eps
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configs = list(CONFIGS) if args.configs == "all" else _list(args.configs)
+    for c in configs:
+        if c not in CONFIGS:
+            raise SystemExit(f"unknown config {c!r}; known: {', '.join(CONFIGS)}")
+    dtypes = _list(args.dtypes)
+    for d in dtypes:
+        if d not in harness.ITEMSIZE:
+            raise SystemExit(f"unknown dtype {d!r}")
+    layouts = _list(args.layouts)
+    for lay in layouts:
+        if lay not in harness.LAYOUTS:
+            raise SystemExit(f"unknown layout {lay!r}; known: {', '.join(harness.LAYOUTS)}")
+    sizes = [parse_size(s) for s in _list(args.sizes)] if args.sizes else (
+        harness.TINY_SIZES if args.tiny else harness.DEFAULT_SIZES)
+    for n in sizes:
+        harness.shape_for(n)  # powers of two only
+    if args.tiny:
+        if not args.sizes and args.dtypes == build_parser().get_default("dtypes"):
+            dtypes = ["float32"]
+        warmup, repeats, max_repeats, min_time = 1, 2, 2, 0.0
+    else:
+        warmup, repeats, max_repeats, min_time = (args.warmup, args.repeats,
+                                                  max(args.repeats, args.max_repeats), args.min_time)
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    opts = harness.Options(
+        eps=_resolve_eps(args.ep), configs=configs, dtypes=dtypes, layouts=layouts, sizes=sizes,
+        threads=args.threads, warmup=warmup, min_repeats=repeats, max_repeats=max_repeats,
+        min_time=min_time, standard=not args.no_standard,
+        standard_max_size=parse_size(args.standard_max_size),
+        other_library=args.other_library, log=log)
+    t0 = time.perf_counter()
+    doc = harness.run_sweep(opts)
+    doc["wall_s"] = time.perf_counter() - t0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [report.write_json(doc, out / "results.json"),
+             report.write_markdown(doc, out / "results.md")]
+    if not args.no_plots:
+        try:
+            paths += report.write_plots(doc, out)
+        except ImportError:
+            print("ort-mx-bench: matplotlib not installed (pip install 'ort_mx_ops[bench]'); "
+                  "no plots", file=sys.stderr)
+    for p in paths:
+        log(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+"""Measurement: onnxruntime sessions per execution provider, I/O binding to buffers that live
+on the provider's device, warm-up, and interleaved repeated runs.
+
+For one (execution provider, dtype, size, layout) point every variant (the references, each
+configuration through the product's op, the standard-ONNX graph, another library) gets its own
+session on the same input tensor; the variants then run in turns, round after round, so a
+burst of load from elsewhere on the machine hits all of them alike, and the ratios
+(variant / Neg, variant / copy) compare medians taken in the same rounds.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import onnxruntime as ort
+
+import ort_mx_ops
+from ort_mx_ops.benchmarks import graphs
+from ort_mx_ops.formats import CONFIGS
+
+__all__ = ["Options", "EP_DEVICE", "available_eps", "run_sweep", "machine_info", "ITEMSIZE",
+           "DEFAULT_SIZES", "TINY_SIZES"]
+
+EP_DEVICE = {"CPUExecutionProvider": ("CPU", "cpu"), "CUDAExecutionProvider": ("CUDA", "cuda"),
+             "ROCMExecutionProvider": ("ROCM", "cuda")}  # (library device, OrtValue device)
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+DEFAULT_SIZES = [1 << k for k in range(12, 27, 2)]  # 4 Ki .. 64 Mi elements
+TINY_SIZES = [1 << 12, 1 << 14]
+LAYOUTS = {"innermost": 1, "outer": 0}  # blocked axis of a [rows, cols] tensor
+
+
+@dataclass
+class Options:
+    eps: list[str]
+    configs: list[str]
+    dtypes: list[str]
+    layouts: list[str]
+    sizes: list[int]
+    threads: int = 0            # ORT intra-op threads; 0: ORT's default
+    warmup: int = 2
+    min_repeats: int = 5
+    max_repeats: int = 30
+    min_time: float = 0.3       # seconds of timed runs per variant, at least
+    standard: bool = True       # the standard-ONNX graphs
+    standard_max_size: int = 1 << 26
+    other_library: str | None = None
+    log: Callable[[str], None] = print
+    extra: dict = field(default_factory=dict)
+
+
+def available_eps() -> list[str]:
+    """The execution providers of the installed onnxruntime that the harness can drive."""
+    have = ort.get_available_providers()
+    return [ep for ep in EP_DEVICE if ep in have]
+
+
+def shape_for(n: int) -> tuple[int, int]:
+    """A [rows, cols] shape of n = 2^k elements, as square as powers of two allow."""
+    k = int(n).bit_length() - 1
+    if 1 << k != n:
+        raise ValueError(f"sizes must be powers of two, got {n}")
+    return (1 << (k // 2), 1 << (k - k // 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine / versions
+# ---------------------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return sorted(f for f in flags if f.startswith(("avx2", "avx512f", "avx512bw",
+                                                                "avx512vl", "avx512dq", "f16c")))
+    except OSError:
+        pass
+    return []
+
+
+def _gpu_names() -> list[str]:
+    for cmd in (["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                ["rocm-smi", "--showproductname"]):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            if out.returncode == 0 and out.stdout.strip():
+                return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return []
+
+
+def machine_info() -> dict[str, Any]:
+    import onnx
+    info = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_simd_flags": _cpu_flags(),
+        "mxops_cpu_isa_env": os.environ.get("MXOPS_CPU_ISA"),
+        "gpus": _gpu_names(),
+        "python": sys.version.split()[0],
+        "versions": {"onnxruntime": ort.__version__, "onnx": onnx.__version__,
+                     "numpy": np.__version__, "ort_mx_ops": ort_mx_ops.__version__},
+        "onnxruntime_providers": ort.get_available_providers(),
+        "ort_mx_ops_devices": ort_mx_ops.available_devices(),
+    }
+    try:
+        info["load_average"] = os.getloadavg()
+    except OSError:
+        pass
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions and buffers
+# ---------------------------------------------------------------------------------------------
+
+def _make_input(shape, dtype: str, seed: int = 0) -> np.ndarray:
+    """Standard normal values (finite and normal), as float32 / float16 / bfloat16 bits."""
+    x = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16)
+    if dtype == "bfloat16":
+        u = x.view(np.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return x
+
+
+class Point:
+    """Buffers of one (EP, dtype, shape): an input and one output that every variant writes."""
+
+    def __init__(self, ep: str, dtype: str, shape, seed: int = 0):
+        self.ep, self.dtype, self.shape = ep, dtype, tuple(shape)
+        self.device = EP_DEVICE[ep][1]
+        self.host = _make_input(shape, dtype, seed)
+        onnx_type = graphs.ONNX_TYPES[dtype]
+        if dtype == "bfloat16":
+            x = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(self.host, onnx_type)
+        else:
+            x = ort.OrtValue.ortvalue_from_numpy(self.host)
+        if self.device != "cpu":
+            x_dev = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), onnx_type, self.device, 0)
+            x_dev.update_inplace(self.host)
+            x = x_dev
+        self.x = x
+        self.y = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), onnx_type, self.device, 0)
+
+    def output(self) -> np.ndarray:
+        """The output, on the host (float32/float16 as such, bfloat16 as uint16 bits)."""
+        if self.dtype == "bfloat16":
+            raw = np.empty(self.shape, np.uint16)
+            if self.device == "cpu":
+                import ctypes
+                ctypes.memmove(raw.ctypes.data, self.y.data_ptr(), raw.nbytes)
+                return raw
+            return raw  # not read back from a device
+        return self.y.numpy()
+
+    def poison(self) -> None:
+        """Fills the output with NaN so a variant that does not write it is caught."""
+        if self.device == "cpu":
+            import ctypes
+            nbytes = int(np.prod(self.shape)) * ITEMSIZE[self.dtype]
+            ctypes.memset(self.y.data_ptr(), 0xFF, nbytes)
+
+
+class Variant:
+    """One session bound to a point's buffers."""
+
+    def __init__(self, kind: str, config: str | None, model: bytes, point: Point, opts: Options,
+                 library: str | None):
+        self.kind, self.config, self.point = kind, config, point
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = opts.threads
+        so.log_severity_level = 3
+        if library:
+            so.register_custom_ops_library(library)
+        providers = [point.ep] if point.ep == "CPUExecutionProvider" else [point.ep,
+                                                                          "CPUExecutionProvider"]
+        self.session = ort.InferenceSession(model, so, providers=providers)
+        self.binding = self.session.io_binding()
+        self.binding.bind_ortvalue_input("X", point.x)
+        self.binding.bind_ortvalue_output("Y", point.y)
+        self.times: list[float] = []
+
+    def run(self) -> float:
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(self.binding)
+        return time.perf_counter() - t0
+
+
+class NumpyCopy:
+    """np.copyto on the host: a plain single-threaded copy (CPU only)."""
+
+    def __init__(self, point: Point):
+        self.kind, self.config, self.point = "ref:numpy_copy", None, point
+        self.src = point.host
+        self.dst = np.empty_like(point.host)
+        self.times: list[float] = []
+
+    def run(self) -> float:
+        t0 = time.perf_counter()
+        np.copyto(self.dst, self.src)
+        return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------------------------
+
+def _library_for(ep: str) -> tuple[str | None, str | None]:
+    device = EP_DEVICE[ep][0]
+    try:
+        return ort_mx_ops.get_library_path(device), None
+    except FileNotFoundError as exc:
+        return None, str(exc)
+
+
+def _build_variants(point: Point, layout: str, opts: Options, errors: list) -> list:
+    axis = LAYOUTS[layout]
+    variants: list = []
+
+    def add(kind: str, config: str | None, build: Callable[[], bytes], library: str | None) -> None:
+        try:
+            variants.append(Variant(kind, config, build(), point, opts, library))
+        except Exception as exc:  # a variant that cannot run here is reported, not fatal
+            errors.append({"ep": point.ep, "dtype": point.dtype, "layout": layout,
+                           "elements": int(np.prod(point.shape)), "kind": kind, "config": config,
+                           "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+
+    add("ref:neg", None, lambda: graphs.reference_model("neg", point.shape, point.dtype), None)
+    add("ref:copy", None, lambda: graphs.reference_model("copy", point.shape, point.dtype), None)
+    if point.device == "cpu":
+        variants.append(NumpyCopy(point))
+    library, why = _library_for(point.ep)
+    n = int(np.prod(point.shape))
+    for config in opts.configs:
+        if library:
+            add("custom", config,
+                lambda c=config: graphs.custom_qdq_model(c, point.shape, axis, point.dtype), library)
+        elif why:
+            errors.append({"ep": point.ep, "kind": "custom", "config": config, "error": why})
+        if opts.standard and n <= opts.standard_max_size and not (
+                CONFIGS[config].op == "BF16" and point.dtype == "bfloat16"):
+            add("standard", config,
+                lambda c=config: graphs.standard_qdq_model(c, point.shape, axis, point.dtype), None)
+        if opts.other_library:
+            add("other", config,
+                lambda c=config: graphs.custom_qdq_model(c, point.shape, axis, point.dtype),
+                opts.other_library)
+    return variants
+
+
+def _check_outputs(variants: list, point: Point) -> dict[tuple, dict]:
+    """Runs every variant once on a poisoned output and checks what it wrote: the copy must
+    equal the input; the standard-ONNX graph must equal the custom op in value."""
+    checks: dict[tuple, dict] = {}
+    if point.device != "cpu":
+        return checks
+    custom_out: dict[str, np.ndarray] = {}
+    for v in variants:
+        if isinstance(v, NumpyCopy):
+            continue
+        point.poison()
+        v.run()
+        out = point.output().copy()
+        if v.kind == "ref:copy":
+            checks[(v.kind, None)] = {"output_equals_input": bool(
+                np.array_equal(out.view(np.uint8), point.host.view(np.uint8)))}
+        elif v.kind == "custom":
+            custom_out[v.config] = out
+            checks[(v.kind, v.config)] = {"output_written": bool(not np.isnan(
+                out.astype(np.float32) if point.dtype != "bfloat16" else
+                (out.astype(np.uint32) << 16).view(np.float32)).any())}
+    for v in variants:
+        if v.kind in ("standard", "other") and v.config in custom_out:
+            point.poison()
+            v.run()
+            out = point.output()
+            ref = custom_out[v.config]
+            if point.dtype == "bfloat16":
+                a = (out.astype(np.uint32) << 16).view(np.float32)
+                b = (ref.astype(np.uint32) << 16).view(np.float32)
+            else:
+                a, b = out.astype(np.float32), ref.astype(np.float32)
+            mismatches = int(np.count_nonzero(~((a == b) | (np.isnan(a) & np.isnan(b)))))
+            checks[(v.kind, v.config)] = {"mismatches_vs_custom": mismatches,
+                                          "bits_differ_vs_custom": int(np.count_nonzero(
+                                              out.view(np.uint8) != ref.view(np.uint8)))}
+    return checks
+
+
+def _measure(variants: list, opts: Options) -> None:
+    for v in variants:
+        for _ in range(opts.warmup):
+            v.run()
+    pending = list(variants)
+    while pending:
+        for v in pending:
+            v.times.append(v.run())
+        pending = [v for v in pending if len(v.times) < opts.max_repeats and (
+            len(v.times) < opts.min_repeats or sum(v.times) < opts.min_time)]
+
+
+def run_sweep(opts: Options) -> dict[str, Any]:
+    """Measures every point of ``opts``; returns the results document (see report.py)."""
+    results: list[dict] = []
+    errors: list[dict] = []
+    for ep in opts.eps:
+        for dtype in opts.dtypes:
+            for n in opts.sizes:
+                shape = shape_for(n)
+                for layout in opts.layouts:
+                    try:
+                        point = Point(ep, dtype, shape)
+                    except Exception as exc:
+                        errors.append({"ep": ep, "dtype": dtype, "elements": n, "layout": layout,
+                                       "kind": "buffers", "error": f"{type(exc).__name__}: {exc}"})
+                        continue
+                    variants = _build_variants(point, layout, opts, errors)
+                    checks = _check_outputs(variants, point)
+                    _measure(variants, opts)
+                    rows = _rows(variants, point, layout, checks)
+                    results += rows
+                    opts.log(_progress(ep, dtype, n, layout, rows))
+                    del variants, point
+    return {"machine": machine_info(), "options": _options_doc(opts), "results": results,
+            "errors": errors}
+
+
+def _rows(variants: list, point: Point, layout: str, checks: dict) -> list[dict]:
+    n = int(np.prod(point.shape))
+    nbytes = 2 * n * ITEMSIZE[point.dtype]  # read x + write y
+    med = {(v.kind, v.config): float(np.median(v.times)) for v in variants}
+    neg, copy = med.get(("ref:neg", None)), med.get(("ref:copy", None))
+    rows = []
+    for v in variants:
+        t = med[(v.kind, v.config)]
+        rows.append({
+            "ep": point.ep, "dtype": point.dtype, "layout": layout, "elements": n,
+            "shape": list(point.shape), "axis": LAYOUTS[layout], "kind": v.kind,
+            "config": v.config, "median_s": t, "min_s": float(np.min(v.times)),
+            "runs": len(v.times), "times_s": [float(x) for x in v.times],
+            "elements_per_s": n / t, "gb_per_s": nbytes / t / 1e9,
+            "ratio_to_neg": (neg / t) if neg else None,
+            "ratio_to_copy": (copy / t) if copy else None,
+            **checks.get((v.kind, v.config), {}),
+        })
+    return rows
+
+
+def _progress(ep, dtype, n, layout, rows) -> str:
+    short = ep.replace("ExecutionProvider", "")
+    parts = []
+    for r in rows:
+        if r["kind"] == "custom":
+            parts.append(f"{r['config']} {r['gb_per_s']:.1f}")
+    refs = {r["kind"]: r["gb_per_s"] for r in rows if r["kind"].startswith("ref:")}
+    ref_txt = " ".join(f"{k[4:]} {v:.1f}" for k, v in refs.items())
+    return f"[{short} {dtype} {n} {layout}] GB/s: {ref_txt} | " + " ".join(parts)
+
+
+def _options_doc(opts: Options) -> dict:
+    doc = asdict(opts)
+    doc.pop("log", None)
+    return doc

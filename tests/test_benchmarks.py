@@ -1,0 +1,89 @@
+"""Smoke test of the benchmark harness: the tiny sweep runs and writes well-formed JSON,
+Markdown and PNG outputs. Times are not checked (speed is reported by benchmarks, not tests)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from ort_mx_ops.benchmarks import graphs
+from ort_mx_ops.formats import CONFIGS
+
+import ort_mx_ops
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    pytest.importorskip("matplotlib")
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--tiny", "--ep", "CPU",
+                           "--out", str(out), "--quiet"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_tiny_sweep_json(tiny_run):
+    doc = json.loads((tiny_run / "results.json").read_text())
+    assert doc["machine"]["versions"]["onnxruntime"] == ort.__version__
+    assert "CPUExecutionProvider" in doc["machine"]["onnxruntime_providers"]
+    res = doc["results"]
+    kinds = {(r["kind"], r["config"], r["layout"], r["elements"]) for r in res}
+    for n in (4096, 16384):
+        for layout in ("innermost", "outer"):
+            assert ("ref:neg", None, layout, n) in kinds
+            assert ("ref:copy", None, layout, n) in kinds
+            for config in CONFIGS:
+                assert ("custom", config, layout, n) in kinds
+                assert ("standard", config, layout, n) in kinds
+    for r in res:
+        assert r["ep"] == "CPUExecutionProvider" and r["dtype"] == "float32"
+        assert r["median_s"] > 0 and r["runs"] >= 1 and len(r["times_s"]) == r["runs"]
+        assert r["gb_per_s"] > 0 and r["elements_per_s"] > 0
+        assert r["ratio_to_neg"] > 0 and r["ratio_to_copy"] > 0
+        assert np.prod(r["shape"]) == r["elements"]
+        if r["kind"] == "ref:copy":
+            assert r["output_equals_input"]  # the copy really copies
+        if r["kind"] == "custom":
+            assert r["output_written"]
+        if r["kind"] == "standard":
+            # same op in value for finite normal inputs (signed zeros may differ)
+            assert r["mismatches_vs_custom"] == 0, r
+    assert not [e for e in doc["errors"] if e["kind"] in ("custom", "standard", "ref:neg")]
+
+
+def test_tiny_sweep_markdown_and_png(tiny_run):
+    md = (tiny_run / "results.md").read_text()
+    assert md.startswith("# ort-mx-ops benchmark")
+    assert "| config | layout |" in md and "Worst configuration against Neg" in md
+    for config in CONFIGS:
+        assert f"| {config} | innermost |" in md
+    png = tiny_run / "throughput_cpu.png"
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_standard_onnx_graph_matches_op(config, axis):
+    """The standard-ONNX form is the same op in value on finite normal inputs of wide range."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((64, 96)) * 2.0 ** rng.integers(-40, 40, (64, 96))).astype(np.float32)
+    so = ort.SessionOptions()
+    ort_mx_ops.register(so)
+    want = ort.InferenceSession(graphs.custom_qdq_model(config, x.shape, axis, "float32"),
+                                so).run(None, {"X": x})[0]
+    got = ort.InferenceSession(graphs.standard_qdq_model(config, x.shape, axis, "float32")
+                               ).run(None, {"X": x})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_parse_size():
+    from ort_mx_ops.benchmarks.cli import parse_size
+    assert parse_size("4Ki") == 4096 and parse_size("16Mi") == 1 << 24 and parse_size("512") == 512
