@@ -189,49 +189,39 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
     build.append(f"build {outputs['native']}: link {' '.join(cpu_objs + [native])}\n"
                  "  ldflags = -pthread")
 
+    gpu_sources = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("csrc/cuda/*.cu"))
+
+    def gpu_backend(variant: str, compile_command: str, link_command: str) -> None:
+        """The same GPU sources through one toolchain, linked with the CPU kernels and the
+        registration built for that backend (MXOPS_WITH_GPU)."""
+        lines.extend([f"rule {variant}_cc",
+                      f"  command = {compile_command} -MD -MF $out.d -c $in -o $out",
+                      "  depfile = $out.d", "  deps = gcc",
+                      f"rule {variant}_link", f"  command = {link_command} $in -o $out"])
+        objs = []
+        for src in gpu_sources:
+            objs.append(_obj(src, variant))
+            build.append(f"build {objs[-1]}: {variant}_cc $root/{src}")
+        objs.append(compile_cxx(REGISTRATION, variant, "$ortinc -DMXOPS_WITH_GPU"))
+        build.append(f"build {outputs[variant]}: {variant}_link {' '.join(cpu_objs + objs)}")
+
     if nvcc and "cuda" in outputs:
         archs = os.environ.get("MXOPS_CUDA_ARCHS", "80;90;100").split(";")
         gencode = " ".join(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs)
         gencode += f" -gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"
-        lines += [
-            f"nvccflags = -std=c++17 -O3 --fmad=false -Xcompiler -fPIC,-fvisibility=hidden,"
-            f"-ffp-contract=off -I$root/csrc {gencode}",
-            "rule nvcc",
-            f"  command = {nvcc} $nvccflags -MD -MF $out.d -c $in -o $out",
-            "  depfile = $out.d",
-            "  deps = gcc",
-            "rule nvlink",
-            f"  command = {nvcc} -shared -cudart static $in -o $out $ldflags",
-        ]
-        cu_objs = []
-        for src in sorted(glob.glob("csrc/cuda/*.cu", root_dir=ROOT)):
-            obj = _obj(src, "cuda")
-            build.append(f"build {obj}: nvcc $root/{src}")
-            cu_objs.append(obj)
-        reg_gpu = compile_cxx(REGISTRATION, "cuda", "$ortinc -DMXOPS_WITH_GPU")
-        build.append(f"build {outputs['cuda']}: nvlink {' '.join(cpu_objs + cu_objs + [reg_gpu])}\n"
-                     "  ldflags = -Xlinker --exclude-libs,ALL")
+        # --fmad=false: no FMA contraction, so the device rounds exactly as the host does.
+        gpu_backend("cuda",
+                    f"{nvcc} -std=c++17 -O3 --fmad=false -Xcompiler -fPIC,-fvisibility=hidden,"
+                    f"-ffp-contract=off -I$root/csrc {gencode}",
+                    f"{nvcc} -shared -cudart static -Xlinker --exclude-libs,ALL -Xlinker --no-undefined")
 
     if hipcc and "rocm" in outputs:
         archs = os.environ.get("MXOPS_ROCM_ARCHS", "gfx90a;gfx908;gfx1030").split(";")
         offload = " ".join(f"--offload-arch={a}" for a in archs)
-        lines += [
-            f"hipflags = -x hip -std=c++17 -O3 -fPIC -fvisibility=hidden -ffp-contract=off "
-            f"-I$root/csrc -include $root/csrc/rocm/hip_compat.h {offload}",
-            "rule hipcc",
-            f"  command = HIP_PLATFORM=amd {hipcc} $hipflags -MD -MF $out.d -c $in -o $out",
-            "  depfile = $out.d",
-            "  deps = gcc",
-            "rule hiplink",
-            f"  command = HIP_PLATFORM=amd {hipcc} -shared -fPIC {offload} $in -o $out",
-        ]
-        hip_objs = []
-        for src in sorted(glob.glob("csrc/cuda/*.cu", root_dir=ROOT)):
-            obj = _obj(src, "rocm")
-            build.append(f"build {obj}: hipcc $root/{src}")
-            hip_objs.append(obj)
-        reg_hip = compile_cxx(REGISTRATION, "rocm", "$ortinc -DMXOPS_WITH_GPU")
-        build.append(f"build {outputs['rocm']}: hiplink {' '.join(cpu_objs + hip_objs + [reg_hip])}")
+        gpu_backend("rocm",
+                    f"HIP_PLATFORM=amd {hipcc} -x hip -std=c++17 -O3 -fPIC -fvisibility=hidden "
+                    f"-ffp-contract=off -I$root/csrc {offload}",
+                    f"HIP_PLATFORM=amd {hipcc} -shared -fPIC -Wl,--no-undefined {offload}")
 
     (build_dir / "build.ninja").write_text("\n".join(lines + build) + "\n")
 
@@ -249,13 +239,13 @@ class NinjaBuildExt(build_ext):
 
         nvcc = None if os.environ.get("MXOPS_NO_CUDA") else shutil.which("nvcc")
         hipcc = None if os.environ.get("MXOPS_NO_ROCM") else _find_hipcc()
-        have_cuda_sources = bool(glob.glob(str(ROOT / "csrc/cuda/*.cu")))
+        have_cuda_sources = any(ROOT.glob("csrc/cuda/*.cu"))
         if nvcc and have_cuda_sources:
             outputs["cuda"] = "libort_mx_ops_cuda.so"
             log(f"CUDA backend: building with {nvcc}")
         else:
             log("CUDA backend skipped: " + ("nvcc not found" if not nvcc else "no CUDA sources"))
-        if hipcc and have_cuda_sources and (ROOT / "csrc/rocm/hip_compat.h").exists():
+        if hipcc and have_cuda_sources:
             outputs["rocm"] = "libort_mx_ops_rocm.so"
             log(f"ROCm backend: building with {hipcc} (HIP_PLATFORM=amd)")
         else:
