@@ -8,6 +8,8 @@
 //  - an MX floating element rounded as (|v| + c) - c with c = 2^(E - mb + 23), E the element
 //    exponent of |v| clamped below at emin: the addition rounds |v| to a multiple of
 //    2^(E - mb) to nearest even, which is round_significand(.., kHalfEven, ..) of numerics.h.
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -22,6 +24,12 @@
 #define MXOPS_CAT(a, b) MXOPS_CAT2(a, b)
 #define MXOPS_SIMD_NS MXOPS_CAT(simd, MXOPS_SIMD_WIDTH)
 
+#ifndef MXOPS_TILE
+#define MXOPS_TILE 128
+#endif
+#ifndef MXOPS_PF_LOCALITY
+#define MXOPS_PF_LOCALITY 2
+#endif
 #ifndef MXOPS_PREFETCH
 #define MXOPS_PREFETCH 2048
 #endif
@@ -39,7 +47,7 @@ typedef uint16_t H __attribute__((vector_size(2 * W)));
 // Elements per contiguous chunk (a multiple of every power-of-two group up to it), columns
 // per strided tile, and elements per parallel task.
 constexpr int64_t kChunk = 16384;
-constexpr int64_t kTileColumns = 256;
+constexpr int64_t kTileColumns = MXOPS_TILE;
 constexpr int64_t kTileVectors = kTileColumns / W;
 constexpr int64_t kElementsPerTask = 1 << 16;
 // Software prefetch distance along a stream, in bytes: the per-line work of the block walk is
@@ -97,6 +105,18 @@ VINL F pow2_v(I k) {
   return flt(k >= -126 ? normal : subnormal);
 }
 
+// True when every lane of a comparison mask is set.
+VINL bool all_lanes(I mask) {
+#if MXOPS_SIMD_WIDTH == 16
+  return _mm512_movepi32_mask(reinterpret_cast<__m512i>(mask)) == 0xffff;
+#else
+  return _mm256_movemask_ps(reinterpret_cast<__m256>(mask)) == 0xff;
+#endif
+}
+
+// 2^k for k in [-126, 127] (normal floats) only.
+VINL F pow2_normal_v(I k) { return flt((U)(k + 127) << 23); }
+
 VINL F copysign_v(F magnitude, F sign_source) {
   return flt((bits(magnitude) & 0x7fffffffu) | (bits(sign_source) & 0x80000000u));
 }
@@ -138,6 +158,17 @@ VINL DivisorV divisor_v(I k) {
   return DivisorV{pow2_v(vmin(inv, splat(127))), pow2_v(inv > 127 ? inv - 127 : splat(0))};
 }
 
+// (x / 2^k as (x * a) * b, 2^k), with a cheap path when every lane's 2^k and 2^-k are normal.
+struct ScaleV {
+  DivisorV div;
+  F scale;
+};
+VINL ScaleV scale_v(I k) {
+  if (all_lanes((k >= -126) & (k <= 126)))
+    return ScaleV{DivisorV{pow2_normal_v(-k), splatf(1.0f)}, pow2_normal_v(k)};
+  return ScaleV{divisor_v(k), pow2_v(k)};
+}
+
 // ---------------------------------------------------------------------------------------
 // Policies: key (the per-element exponent a block maximum runs over), params from the block
 // (and sub-block) maxima, apply. `Scalar` is the block_ops.h policy for tails.
@@ -154,10 +185,8 @@ struct BfpV {
   float max_int;  // 2^m - 1
   VINL I key(F x) const { return finite_exponent_v(bits(x)); }
   VINL Params params(I blk, I) const {
-    const I k = blk - (127 + s.m - 1);
-    const DivisorV d = divisor_v(k);
-    const F scale = pow2_v(k);
-    return Params{d.a, d.b, scale, max_int * scale};
+    const ScaleV k = scale_v(blk - (127 + s.m - 1));
+    return Params{k.div.a, k.div.b, k.scale, max_int * k.scale};
   }
   VINL F apply(F x, const Params& p) const {
     const I special = is_special_v(bits(x));
@@ -177,16 +206,38 @@ struct PrimeV {
   static constexpr bool kSubBlocks = true, kBfp = true;
   struct Params {
     I t_base, nan;
-    F mult;
+    F mult;       // the quantum 2^(s - shift - 127 + 1 - m)
+    F add, sat;   // fast path: quantum * 2^23 and (2^m - 1) * quantum
+    bool fast;
   };
   Scalar s;
+  float max_int;  // 2^m - 1
   VINL I key(F x) const { return exponent_v(bits(x)); }
   VINL Params params(I blk, I sub) const {
     const I shift = vmin(blk - sub, splat((1 << s.shift_bits) - 1));
-    return Params{blk - shift + (24 - s.m), blk == 255, pow2_v(blk - shift + (1 - s.m - 127))};
+    const I es = blk - shift;
+    Params p;
+    p.t_base = es + (24 - s.m);
+    p.nan = blk == 255;
+    p.mult = pow2_v(es + (1 - s.m - 127));
+    // Mode 2 by one addition when quantum * 2^23 is a finite float in every lane (and no
+    // block is Inf/NaN): (|x| + quantum * 2^23) - quantum * 2^23 rounds |x| to a multiple of
+    // the quantum to nearest even, which is round_significand(.., kHalfEven, ..); min() with
+    // (2^m - 1) * quantum is the saturation (a truncated q of 2^m - 1 is kept).
+    p.fast = Mode == kHalfEven && all_lanes(es <= 230 + s.m);
+    p.add = p.mult * 8388608.0f;
+    p.sat = p.mult * max_int;
+    return p;
   }
   VINL F apply(F x, const Params& p) const {
     const U u = bits(x);
+    if (p.fast) {
+      const U a_bits = u & 0x7fffffffu;
+      const F a = (a_bits < 0x00800000u) ? splatf(0.0f) : flt(a_bits);  // subnormals flush
+      F r = (a + p.add) - p.add;
+      r = r > p.sat ? p.sat : r;
+      return flt(bits(r) | (u & 0x80000000u));
+    }
     const I e = exponent_v(u);
     const U M = e == 0 ? splatu(0u) : ((u & 0x7fffffu) | 0x800000u);
     const I tc = vmin(vmax(p.t_base - e, splat(0)), splat(25));
@@ -216,9 +267,8 @@ struct MxV {
   Scalar s;
   VINL I key(F x) const { return finite_exponent_v(bits(x)); }
   VINL Params params(I blk, I) const {
-    const I k = blk - (127 + s.element.emax);
-    const DivisorV d = divisor_v(k);
-    return Params{d.a, d.b, pow2_v(k)};
+    const ScaleV k = scale_v(blk - (127 + s.element.emax));
+    return Params{k.div.a, k.div.b, k.scale};
   }
   VINL F apply(F x, const Params& p) const {
     const I special = is_special_v(bits(x));
@@ -385,7 +435,10 @@ struct Walker {
         for (int64_t g = 0; g < n_simd; g += group) {
           prefetch(px + g, py + g);
           I s = pol.key(Ld::load(px + g));
-          for (int64_t i = 1; i < nv; ++i) s = vmax(s, pol.key(Ld::load(px + g + i * W)));
+          for (int64_t i = 1; i < nv; ++i) {
+            prefetch(px + g + i * W, py + g + i * W);
+            s = vmax(s, pol.key(Ld::load(px + g + i * W)));
+          }
           for (int k = 0; k < steps; ++k) s = vmax(s, xor_lanes(s, masks[k]));
           if constexpr (Pol::kSubBlocks) {
             for (int64_t i = 0; i < nv; ++i) {
@@ -454,8 +507,8 @@ struct Walker {
       if (ahead && kPrefetchBytes > 0) {
         for (int64_t j = 0; j < n; ++j)
           for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
-            __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 3);
-            __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 3);
+            __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, MXOPS_PF_LOCALITY);
+            __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, MXOPS_PF_LOCALITY);
           }
       }
       const int64_t step = Pol::kSubBlocks ? sub : n;
@@ -524,7 +577,8 @@ void with_walker(const SimdOp& op, Fn&& fn) {
       }
       case 1:
         with_loader(PrimeV<kMode>{
-            ToBfpPrimePolicy<kMode>{op.mantissa_bits, op.sub_block_size, op.sub_block_shift_bits}});
+            ToBfpPrimePolicy<kMode>{op.mantissa_bits, op.sub_block_size, op.sub_block_shift_bits},
+            static_cast<float>((1u << op.mantissa_bits) - 1u)});
         break;
       default:
         if (op.element.is_int)
