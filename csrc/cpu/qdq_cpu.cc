@@ -123,6 +123,22 @@ void copy_identity(const void* x, void* y, bool bf16_first) {
   std::memcpy(y, &out, sizeof(T));
 }
 
+// body(k) for k in [begin, end), in runs of 512 elements with the next run of `in` and `out`
+// prefetched: the streaming loops otherwise wait on memory.
+template <class In, class Out, class Body>
+inline void for_each_run(int64_t begin, int64_t end, const In* in, Out* out, Body body) {
+  constexpr int64_t kRun = 512;
+  for (int64_t r = begin; r < end; r += kRun) {
+    const int64_t r_end = std::min(end, r + kRun);
+    const int64_t n_end = std::min(end, r_end + kRun);
+    for (int64_t k = r_end; k < n_end; k += 64 / static_cast<int64_t>(sizeof(In)))
+      __builtin_prefetch(in + k, 0, 3);
+    for (int64_t k = r_end; k < n_end; k += 64 / static_cast<int64_t>(sizeof(Out)))
+      __builtin_prefetch(out + k, 1, 3);
+    for (int64_t k = r; k < r_end; ++k) body(k);
+  }
+}
+
 template <class Body>
 void for_each_chunk(int64_t n, const TaskRunner& run, Body body) {
   const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
@@ -222,10 +238,15 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
 
 void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* zero_point,
                           bool per_channel, const Geometry& g, uint16_t* y, const TaskRunner& run) {
+  // Runs of elements that share one channel, so the inner loop is branch-free and vectorises.
   for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i = begin; i < end;) {
       const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
-      y[i] = bf16_quantize(x[i], scale[c], zero_point[c]);
+      const int64_t stop = per_channel ? std::min(end, (i / g.inner + 1) * g.inner) : end;
+      const float s = scale[c];
+      const uint16_t z = zero_point[c];
+      for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize(x[k], s, z); });
+      i = stop;
     }
   });
 }
@@ -233,9 +254,13 @@ void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* ze
 void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_t* zero_point,
                             bool per_channel, const Geometry& g, float* x, const TaskRunner& run) {
   for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t i = begin; i < end;) {
       const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
-      x[i] = bf16_dequantize(y[i], scale[c], zero_point[c]);
+      const int64_t stop = per_channel ? std::min(end, (i / g.inner + 1) * g.inner) : end;
+      const float s = scale[c];
+      const uint16_t z = zero_point[c];
+      for_each_run(i, stop, y, x, [&](int64_t k) { x[k] = bf16_dequantize(y[k], s, z); });
+      i = stop;
     }
   });
 }
