@@ -352,7 +352,9 @@ def _rows(variants: list, point: Point, layout: str, checks: dict) -> list[dict]
     n = int(np.prod(point.shape))
     nbytes = 2 * n * ITEMSIZE[point.dtype]  # read x + write y
     med = {(v.kind, v.config): float(np.median(v.times)) for v in variants}
+    best = {(v.kind, v.config): float(np.min(v.times)) for v in variants}
     neg, copy = med.get(("ref:neg", None)), med.get(("ref:copy", None))
+    neg_best, copy_best = best.get(("ref:neg", None)), best.get(("ref:copy", None))
     rows = []
     for v in variants:
         t = med[(v.kind, v.config)]
@@ -364,6 +366,9 @@ def _rows(variants: list, point: Point, layout: str, checks: dict) -> list[dict]
             "elements_per_s": n / t, "gb_per_s": nbytes / t / 1e9,
             "ratio_to_neg": (neg / t) if neg else None,
             "ratio_to_copy": (copy / t) if copy else None,
+            # the same from the fastest run of each (less sensitive to load from elsewhere)
+            "ratio_to_neg_best": (neg_best / best[(v.kind, v.config)]) if neg_best else None,
+            "ratio_to_copy_best": (copy_best / best[(v.kind, v.config)]) if copy_best else None,
             **checks.get((v.kind, v.config), {}),
         })
     return rows

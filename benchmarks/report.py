@@ -51,7 +51,8 @@ def markdown(doc: dict) -> str:
     out.append(f"- intra-op threads: {o['threads'] or 'onnxruntime default'}; median of "
                f"{o['min_repeats']}–{o['max_repeats']} interleaved runs after {o['warmup']} "
                "warm-up runs; GB/s counts bytes read + written; ×Neg / ×copy = the reference's "
-               "median time / this one's, measured in the same rounds")
+               "median time / this one's, measured in the same rounds; (best): the same from "
+               "each one's fastest run")
     out.append("")
     groups = sorted({(r["ep"], r["dtype"]) for r in res})
     for ep, dtype in groups:
@@ -62,8 +63,8 @@ def markdown(doc: dict) -> str:
         out.append(f"## {_short(ep)}, {dtype}, {fmt_size(n)} elements")
         out.append("")
         has_other = any(r["kind"] == "other" for r in res if r["ep"] == ep)
-        head = ["config", "layout", "ms", "Gelem/s", "GB/s", "×Neg", "×copy",
-                "standard ONNX GB/s", "speed-up vs standard"]
+        head = ["config", "layout", "ms", "Gelem/s", "GB/s", "×Neg", "×copy", "×Neg (best)",
+                "×copy (best)", "standard ONNX GB/s", "speed-up vs standard"]
         if has_other:
             head += ["other library GB/s", "speed-up vs other"]
         out.append("| " + " | ".join(head) + " |")
@@ -78,7 +79,8 @@ def markdown(doc: dict) -> str:
                     refs.append(r)
                     out.append(f"| *{label}* | {layout} | {r['median_s'] * 1e3:.2f} | "
                                f"{r['elements_per_s'] / 1e9:.2f} | {r['gb_per_s']:.1f} | "
-                               f"{_ratio(r['ratio_to_neg'])} | {_ratio(r['ratio_to_copy'])} | | |"
+                               f"{_ratio(r['ratio_to_neg'])} | {_ratio(r['ratio_to_copy'])} | "
+                               f"{_ratio(r['ratio_to_neg_best'])} | {_ratio(r['ratio_to_copy_best'])} | | |"
                                + (" | |" if has_other else ""))
             configs = [r["config"] for r in res if r["ep"] == ep and r["dtype"] == dtype and
                        r["layout"] == layout and r["elements"] == n and r["kind"] == "custom"]
@@ -87,6 +89,7 @@ def markdown(doc: dict) -> str:
                 s = idx.get((ep, dtype, layout, n, "standard", c))
                 row = [c, layout, f"{r['median_s'] * 1e3:.2f}", f"{r['elements_per_s'] / 1e9:.2f}",
                        f"{r['gb_per_s']:.1f}", _ratio(r["ratio_to_neg"]), _ratio(r["ratio_to_copy"]),
+                       _ratio(r["ratio_to_neg_best"]), _ratio(r["ratio_to_copy_best"]),
                        f"{s['gb_per_s']:.2f}" if s else "–",
                        f"{r['elements_per_s'] / s['elements_per_s']:.1f}×" if s else "–"]
                 if has_other:
