@@ -88,3 +88,46 @@ def test_simd_matches_scalar(case, mode, dtype):
             bad = np.flatnonzero(got.ravel() != want.ravel())
             assert bad.size == 0, (isa, shape, axis, a, bad[:5], x.ravel()[bad[:5]],
                                    got.ravel()[bad[:5]], want.ravel()[bad[:5]])
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_bf16_qdq_simd_matches_scalar(per_channel):
+    """ExtendedQuantizeLinear / ExtendedDequantizeLinear (bfloat16 zero point) through
+    onnxruntime: the SIMD loops against the scalar ones, bit for bit."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    import ort_mx_ops
+
+    rng = np.random.default_rng(5)
+    shape = (3, 7, 333)
+    x = _inputs(shape, "float32", rng)
+    channels = shape[1] if per_channel else 1
+    scale = (rng.standard_normal(channels) * 2.0 ** rng.integers(-8, 8, channels)).astype(np.float32)
+    zp_f = (rng.standard_normal(channels) * 4).astype(np.float32)
+    zp = (zp_f.view(np.uint32) >> 16).astype(np.uint16)
+    s_shape, axis = ([channels], 1) if per_channel else ([], 1)
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, s_shape, scale.tolist()),
+             helper.make_tensor("z", TensorProto.BFLOAT16, s_shape, zp.tolist(), raw=False)]
+    nodes = [helper.make_node("ExtendedQuantizeLinear", ["X", "s", "z"], ["Q"],
+                              domain="com.amd.quark", axis=axis),
+             helper.make_node("ExtendedDequantizeLinear", ["Q", "s", "z"], ["D"],
+                              domain="com.amd.quark", axis=axis)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("D", TensorProto.FLOAT, shape)],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.amd.quark", 1)])
+    model.ir_version = 8
+    so = ort.SessionOptions()
+    ort_mx_ops.register(so)
+    sess = ort.InferenceSession(model.SerializeToString(), so)
+    outs = {}
+    for isa in ["scalar"] + ISAS:
+        os.environ["MXOPS_CPU_ISA"] = isa
+        try:
+            outs[isa] = sess.run(None, {"X": x})[0].view(np.uint32)
+        finally:
+            del os.environ["MXOPS_CPU_ISA"]
+    for isa in ISAS:
+        np.testing.assert_array_equal(outs[isa], outs["scalar"], err_msg=isa)

@@ -238,6 +238,8 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
 
 void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* zero_point,
                           bool per_channel, const Geometry& g, uint16_t* y, const TaskRunner& run) {
+  const Isa isa = selected_isa();
+  (void)isa;
   // Runs of elements that share one channel, so the inner loop is branch-free and vectorises.
   for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end;) {
@@ -245,7 +247,12 @@ void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* ze
       const int64_t stop = per_channel ? std::min(end, (i / g.inner + 1) * g.inner) : end;
       const float s = scale[c];
       const uint16_t z = zero_point[c];
-      for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize(x[k], s, z); });
+#if defined(__x86_64__)
+      if (isa == Isa::kAvx512) simd16::bf16_quantize_run(x + i, y + i, stop - i, s, z);
+      else if (isa == Isa::kAvx2) simd8::bf16_quantize_run(x + i, y + i, stop - i, s, z);
+      else
+#endif
+        for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize(x[k], s, z); });
       i = stop;
     }
   });
@@ -253,13 +260,20 @@ void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* ze
 
 void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_t* zero_point,
                             bool per_channel, const Geometry& g, float* x, const TaskRunner& run) {
+  const Isa isa = selected_isa();
+  (void)isa;
   for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end;) {
       const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
       const int64_t stop = per_channel ? std::min(end, (i / g.inner + 1) * g.inner) : end;
       const float s = scale[c];
       const uint16_t z = zero_point[c];
-      for_each_run(i, stop, y, x, [&](int64_t k) { x[k] = bf16_dequantize(y[k], s, z); });
+#if defined(__x86_64__)
+      if (isa == Isa::kAvx512) simd16::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
+      else if (isa == Isa::kAvx2) simd8::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
+      else
+#endif
+        for_each_run(i, stop, y, x, [&](int64_t k) { x[k] = bf16_dequantize(y[k], s, z); });
       i = stop;
     }
   });

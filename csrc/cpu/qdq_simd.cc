@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../common/bf16_qdq.h"
 #include "../common/block_ops.h"
 #include "qdq_simd.h"
 
@@ -622,6 +623,33 @@ bool prepare(SimdOp& op) {
 
 void run_units(const SimdOp& op, int64_t begin, int64_t end) {
   with_walker(op, [&](const auto& walker) { walker.run(begin, end); });
+}
+
+void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale, uint16_t zero_point) {
+  const float zp = BFloat16::load(zero_point);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(y + i) + kPrefetchBytes / 2, 1, 3);
+    const F v = load_vec<F>(x + i) / scale + zp;  // as bf16_quantize: x / scale + zp
+    const U u = bits(v);
+    const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const U out = (u & 0x7fffffffu) > 0x7f800000u ? splatu(0x7fc1u) : rounded;
+    store_vec(y + i, __builtin_convertvector(out, H));
+  }
+  for (; i < n; ++i) y[i] = bf16_quantize(x[i], scale, zero_point);
+}
+
+void bf16_dequantize_run(const uint16_t* y, float* x, int64_t n, float scale, uint16_t zero_point) {
+  const float zp = BFloat16::load(zero_point);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    __builtin_prefetch(reinterpret_cast<const char*>(y + i) + kPrefetchBytes / 2, 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, 1, 3);
+    const F f = flt(__builtin_convertvector(load_vec<H>(y + i), U) << 16);
+    store_vec(x + i, (f - zp) * scale);
+  }
+  for (; i < n; ++i) x[i] = bf16_dequantize(y[i], scale, zero_point);
 }
 
 }  // namespace mxops::cpu::MXOPS_SIMD_NS

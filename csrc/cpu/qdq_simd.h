@@ -41,6 +41,11 @@ struct SimdOp {
   bool prepare(SimdOp& op);                                                      \
   /* Runs units [begin, end) of a prepared op. */                                \
   void run_units(const SimdOp& op, int64_t begin, int64_t end);                  \
+  /* bf16_quantize / bf16_dequantize (bf16_qdq.h) of n elements, one channel. */ \
+  void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale,    \
+                         uint16_t zero_point);                                   \
+  void bf16_dequantize_run(const uint16_t* y, float* x, int64_t n, float scale,  \
+                           uint16_t zero_point);                                 \
   }
 
 MXOPS_DECLARE_SIMD(simd8)
