@@ -123,7 +123,7 @@ def find_ort_headers(build_dir: Path) -> Path:
 COMMON_SOURCES = ["csrc/common/params.cc", "csrc/cpu/qdq_cpu.cc"]
 REGISTRATION = "csrc/common/ort_ops.cc"
 SIMD_SOURCE = "csrc/cpu/qdq_simd.cc"
-SIMD_VARIANTS = ([(8, "-mavx2"), (16, "-mavx512f -mavx512bw -mavx512vl -mavx512dq")]
+SIMD_VARIANTS = ([(8, "-mavx2 -mf16c"), (16, "-mavx512f -mavx512bw -mavx512vl -mavx512dq")]
                  if platform.machine().lower() in ("x86_64", "amd64") else [])
 
 

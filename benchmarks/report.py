@@ -160,6 +160,7 @@ def write_plots(doc: dict, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     res = doc["results"]
+    order = list(dict.fromkeys(r["config"] for r in res if r["kind"] == "custom"))
     paths = []
     for ep in sorted({r["ep"] for r in res}):
         panels = sorted({(r["dtype"], r["layout"]) for r in res if r["ep"] == ep},
@@ -177,7 +178,8 @@ def write_plots(doc: dict, out_dir: Path) -> list[Path]:
                 pts.sort()
                 xs, ys = zip(*pts)
                 if kind == "custom":
-                    ax.plot(xs, ys, marker="o", markersize=3, label=config)
+                    color = plt.cm.tab20(order.index(config) % 20) if config in order else None
+                    ax.plot(xs, ys, marker="o", markersize=3, label=config, color=color)
                 else:
                     ax.plot(xs, ys, linestyle="--", color="black" if kind == "ref:neg" else "gray",
                             label={"ref:neg": "Neg (onnxruntime)", "ref:copy": "copy"}[kind])

@@ -162,7 +162,7 @@ Isa detected_isa() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
       return Isa::kAvx512;
-    if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::kAvx2;
     return Isa::kScalar;
   }();
   return isa;
