@@ -1,21 +1,32 @@
 // Per-element BF16 quantize / dequantize of SPEC 2.4 (ExtendedQuantizeLinear /
-// ExtendedDequantizeLinear with a bfloat16 zero point), shared by every backend.
+// ExtendedDequantizeLinear with a bfloat16 zero point), shared by every backend. The *_lanes
+// forms are templates over the lane type (numerics.h), zp the zero point widened to float.
 #pragma once
 
 #include "numerics.h"
 
 namespace mxops {
 
-// y = bfloat16(x / scale + zp), nearest-even; a NaN result becomes 0x7FC1.
-MXOPS_HD uint16_t bf16_quantize(float x, float scale, uint16_t zero_point) {
-  const float v = x / scale + BFloat16::load(zero_point);
-  const uint32_t u = f2u(v);
-  return (u & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fc1} : BFloat16::store(v);
+// The bfloat16 bits of x / scale + zp, nearest-even; a NaN result becomes 0x7FC1.
+template <class F>
+MXOPS_HD LaneU<F> bf16_quantize_lanes(F x, float scale, float zp) {
+  const F v = x / scale + zp;
+  const LaneU<F> u = f2u(v);
+  return select((u & 0x7fffffffu) > 0x7f800000u, splat<LaneU<F>>(0x7fc1u), BFloat16::store_bits(v));
 }
 
-// x = (float(y) - float(zp)) * scale.
+// (float(y) - zp) * scale, y the bfloat16 bits in a 32-bit lane.
+template <class U>
+MXOPS_HD LaneF<U> bf16_dequantize_lanes(U y, float scale, float zp) {
+  return (BFloat16::load_bits(y) - zp) * scale;
+}
+
+MXOPS_HD uint16_t bf16_quantize(float x, float scale, uint16_t zero_point) {
+  return static_cast<uint16_t>(bf16_quantize_lanes(x, scale, BFloat16::load(zero_point)));
+}
+
 MXOPS_HD float bf16_dequantize(uint16_t y, float scale, uint16_t zero_point) {
-  return (BFloat16::load(y) - BFloat16::load(zero_point)) * scale;
+  return bf16_dequantize_lanes(static_cast<uint32_t>(y), scale, BFloat16::load(zero_point));
 }
 
 }  // namespace mxops

@@ -29,7 +29,7 @@ struct Loader {
 template <int Mode>
 struct ToBfpPolicy {
   static constexpr bool kSubBlocks = false;
-  using Params = BfpScale;
+  using Params = BfpScale<float>;
   int m;
   MXOPS_HD int key(float x) const { return finite_exponent(f2u(x)); }
   MXOPS_HD Params params(int s, int /*sub*/) const { return bfp_scale(s, m); }
@@ -39,23 +39,19 @@ struct ToBfpPolicy {
 template <int Mode>
 struct ToBfpPrimePolicy {
   static constexpr bool kSubBlocks = true;
-  struct Params {
-    int s, shift;
-  };
+  using Params = BfpPrimeParams<float>;
   int m, sub_block_size, shift_bits;
   MXOPS_HD int key(float x) const { return exponent_field(f2u(x)); }
-  MXOPS_HD Params params(int s, int sub) const {
-    return Params{s, bfp_prime_shift(s, sub, shift_bits)};
-  }
+  MXOPS_HD Params params(int s, int sub) const { return bfp_prime_params(s, sub, shift_bits, m); }
   MXOPS_HD float apply(float x, const Params& p) const {
-    return bfp_prime_element<Mode>(x, p.s, p.shift, m);
+    return bfp_prime_element<Mode>(x, p, m);
   }
 };
 
 template <int Mode>
 struct MxPolicy {
   static constexpr bool kSubBlocks = false;
-  using Params = MxScale;
+  using Params = MxScale<float>;
   MxElement element;
   MXOPS_HD int key(float x) const { return finite_exponent(f2u(x)); }
   MXOPS_HD Params params(int s, int /*sub*/) const { return mx_scale(s, element.emax); }

@@ -1,5 +1,5 @@
 // The numeric core of ort-mx-ops: every per-element and per-block function of SPEC section 2,
-// written once and compiled for the host (CPU backend, pybind module) and for the device
+// written once and compiled for the host (CPU backends, pybind module) and for the device
 // (CUDA and HIP backends). Backends own memory access, threading and launch only; the bits
 // come from here, so every backend agrees by construction.
 //
@@ -9,7 +9,11 @@
 //    -ffp-contract=off / -fmad=false) or on denormal flushing (never enabled).
 //  - Division by a power of two is done as a multiplication by its exact reciprocal (split in
 //    two factors when the reciprocal is not a float); both give the correctly rounded x / 2^k.
-//  - Functions are branch-free selects where the hot path needs it, so loops vectorise.
+//  - Every function is a template over its lane type: float / uint32_t / int32_t for one
+//    element (host and device), or a GCC vector of them for the CPU SIMD walkers (host only,
+//    simd_lanes.h). The same source is therefore the scalar and the vector code. It is
+//    written branch-free with select() and with & / | on comparison results (a bool for one
+//    element, a lane mask for a vector), never && / ||.
 #pragma once
 
 #include <cstdint>
@@ -24,66 +28,146 @@
 namespace mxops {
 
 // ------------------------------------------------------------------------------------------
-// Bit access
+// Lane types and primitives
 // ------------------------------------------------------------------------------------------
 
-MXOPS_HD uint32_t f2u(float f) {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
+// LaneTypes<T>, T any lane type: F, U, I (the float, unsigned and signed lanes of the same
+// width) and the primitives that differ between one element and a vector: bit
+// reinterpretation, U <-> I, truncating float -> int and int -> float conversion.
+template <class T>
+struct LaneTypes;
 
-MXOPS_HD float u2f(uint32_t u) {
+template <>
+struct LaneTypes<float> {
+  using F = float;
+  using U = uint32_t;
+  using I = int32_t;
+  MXOPS_HD static U f2u(F f) {
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
-  return __uint_as_float(u);
+    return __float_as_uint(f);
 #else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+    U u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
 #endif
-}
+  }
+  MXOPS_HD static F u2f(U u) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    return __uint_as_float(u);
+#else
+    F f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+  }
+  MXOPS_HD static I as_int(U u) { return static_cast<I>(u); }
+  MXOPS_HD static U as_uint(I i) { return static_cast<U>(i); }
+  MXOPS_HD static I trunc_to_int(F f) { return static_cast<I>(f); }
+  MXOPS_HD static F to_float(I i) { return static_cast<F>(i); }
+};
+template <>
+struct LaneTypes<uint32_t> : LaneTypes<float> {};
+template <>
+struct LaneTypes<int32_t> : LaneTypes<float> {};
 
-MXOPS_HD int imax(int a, int b) { return a > b ? a : b; }
-MXOPS_HD int imin(int a, int b) { return a < b ? a : b; }
+template <class T>
+using LaneF = typename LaneTypes<T>::F;
+template <class T>
+using LaneU = typename LaneTypes<T>::U;
+template <class T>
+using LaneI = typename LaneTypes<T>::I;
+// What a comparison gives: bool for one element, a signed lane mask (-1 / 0) for a vector.
+template <class T>
+using LaneMask = decltype(LaneI<T>{} == LaneI<T>{});
+
+template <class F>
+MXOPS_HD LaneU<F> f2u(F f) { return LaneTypes<F>::f2u(f); }
+template <class U>
+MXOPS_HD LaneF<U> u2f(U u) { return LaneTypes<U>::u2f(u); }
+template <class U>
+MXOPS_HD LaneI<U> as_int(U u) { return LaneTypes<U>::as_int(u); }
+template <class I>
+MXOPS_HD LaneU<I> as_uint(I i) { return LaneTypes<I>::as_uint(i); }
+template <class F>
+MXOPS_HD LaneI<F> trunc_to_int(F f) { return LaneTypes<F>::trunc_to_int(f); }
+template <class I>
+MXOPS_HD LaneF<I> to_float(I i) { return LaneTypes<I>::to_float(i); }
+
+// c ? a : b per lane (GCC vectors take a lane mask as the condition).
+template <class C, class T>
+MXOPS_HD T select(C c, T a, T b) { return c ? a : b; }
+
+// A lane type holding s in every lane. s - 0 is s exactly, -0 included.
+template <class V, class S>
+MXOPS_HD V splat(S s) { return s - V{}; }
+
+// The comparison stays inside ?: here (not through select) so that GCC still sees a vector
+// max / min: a mask passed on to select is materialised first.
+template <class I>
+MXOPS_HD I imax(I a, I b) { return a > b ? a : b; }
+template <class I>
+MXOPS_HD I imin(I a, I b) { return a < b ? a : b; }
 
 // e(x): the biased float32 exponent field, 0..255.
-MXOPS_HD int exponent_field(uint32_t u) { return static_cast<int>((u >> 23) & 0xffu); }
+template <class U>
+MXOPS_HD LaneI<U> exponent_field(U u) { return as_int((u >> 23) & 0xffu); }
 
 // The key a block maximum runs over when Inf/NaN must not count (to_bfp and MX): 255 -> 0.
-MXOPS_HD int finite_exponent(uint32_t u) {
-  const int e = exponent_field(u);
-  return e == 255 ? 0 : e;
+template <class U>
+MXOPS_HD LaneI<U> finite_exponent(U u) {
+  const LaneI<U> e = exponent_field(u);
+  return select(e == 255, splat<LaneI<U>>(0), e);
 }
+
+// e(x) == 255.
+template <class U>
+MXOPS_HD LaneMask<U> is_inf_or_nan(U u) { return (u & 0x7f800000u) == 0x7f800000u; }
 
 // Exact float32 2^k. k is clamped to [-149, 127] so callers may pass an exponent whose value
 // is then unused (masked lanes) without undefined behaviour.
-MXOPS_HD float pow2(int k) {
-  k = imin(imax(k, -149), 127);
-  const uint32_t normal = static_cast<uint32_t>(k + 127) << 23;
-  const uint32_t subnormal = 1u << imax(k + 149, 0) % 32;
-  return u2f(k >= -126 ? normal : subnormal);
+template <class I>
+MXOPS_HD LaneF<I> pow2(I k) {
+  using U = LaneU<I>;
+  k = imin(imax(k, splat<I>(-149)), splat<I>(127));
+  const U normal = as_uint(k + 127) << 23;
+  const U subnormal = splat<U>(1u) << (as_uint(k + 149) & 31u);
+  return u2f(select(k >= -126, normal, subnormal));
 }
+
+// 2^k for k in [-126, 127] only (a normal float): pow2 without the clamp and the select.
+template <class I>
+MXOPS_HD LaneF<I> pow2_normal(I k) { return u2f(as_uint(k + 127) << 23); }
+
+// Where both 2^k and 2^-k are normal floats, so that the NormalOnly forms below apply.
+template <class I>
+MXOPS_HD LaneMask<I> pow2_pair_normal(I k) { return (k >= -126) & (k <= 126); }
 
 // Multiplying by (a, b) in that order gives x / 2^k correctly rounded, for any k the ops use
 // (-127 <= k <= 300): for k >= -127 one factor 2^-k suffices when it is a float; when 2^-k
 // overflows (k < -127) both factors scale up, which is exact.
+template <class F>
 struct Pow2Divisor {
-  float a, b;
+  F a, b;
 };
 
-MXOPS_HD Pow2Divisor pow2_divisor(int k) {
-  const int inv = -k;
-  Pow2Divisor d;
-  d.a = pow2(inv > 127 ? 127 : inv);
-  d.b = pow2(inv > 127 ? inv - 127 : 0);
+// NormalOnly: the caller knows pow2_pair_normal(k) (every lane); then b = 1.
+template <bool NormalOnly = false, class I>
+MXOPS_HD Pow2Divisor<LaneF<I>> pow2_divisor(I k) {
+  using F = LaneF<I>;
+  const I inv = -k;
+  Pow2Divisor<F> d;
+  if (NormalOnly) {
+    d.a = pow2_normal(inv);
+    d.b = splat<F>(1.0f);
+  } else {
+    d.a = pow2(imin(inv, splat<I>(127)));
+    d.b = pow2(select(inv > 127, inv - 127, splat<I>(0)));
+  }
   return d;
 }
 
-MXOPS_HD float divide(float x, Pow2Divisor d) { return (x * d.a) * d.b; }
+template <class F>
+MXOPS_HD F divide(F x, const Pow2Divisor<F>& d) { return (x * d.a) * d.b; }
 
 // ------------------------------------------------------------------------------------------
 // Rounding to an integer (SPEC 2.1), for |v| < 2^31; all values the ops round are below 2^24.
@@ -91,84 +175,108 @@ MXOPS_HD float divide(float x, Pow2Divisor d) { return (x * d.a) * d.b; }
 
 enum RoundingMode : int { kHalfAwayFromZero = 0, kHalfUp = 1, kHalfEven = 2 };
 
-MXOPS_HD float copysign_bits(float magnitude, float sign_source) {
+template <class F>
+MXOPS_HD F copysign_bits(F magnitude, F sign_source) {
   return u2f((f2u(magnitude) & 0x7fffffffu) | (f2u(sign_source) & 0x80000000u));
 }
 
 // floorf(v) for |v| < 2^31, through an integer conversion (vectorises without SSE4.1);
 // floor(-0) stays -0.
-MXOPS_HD float floor_small(float v) {
-  const float t = static_cast<float>(static_cast<int32_t>(v));  // truncation
-  const float f = t > v ? t - 1.0f : t;
-  return f == 0.0f ? copysign_bits(f, v) : f;
+template <class F>
+MXOPS_HD F floor_small(F v) {
+  const F t = to_float(trunc_to_int(v));  // truncation
+  const F f = select(t > v, t - 1.0f, t);
+  return select(f == 0.0f, copysign_bits(f, v), f);
 }
 
-template <int Mode>
-MXOPS_HD float round_half(float v) {
+// Small (a promise of the caller, used by kHalfEven only): |v| < 2^22. Half to even is then
+// one addition, (v + 1.5*2^23) - 1.5*2^23 (the default nearest-even float addition), with
+// ±0 passed through so that -0 stays -0 as floor_small keeps it; the result is the same.
+template <int Mode, bool Small = false, class F>
+MXOPS_HD F round_half(F v) {
+  if (Mode == kHalfEven && Small) {
+    const F r = (v + 12582912.0f) - 12582912.0f;
+    return select(v == 0.0f, v, r);
+  }
   if (Mode == kHalfEven) {
-    const float f = floor_small(v);
-    const float d = v - f;
-    const bool f_odd = (static_cast<int32_t>(f) & 1) != 0;
-    return (d > 0.5f || (d == 0.5f && f_odd)) ? f + 1.0f : f;
+    const F f = floor_small(v);
+    const F d = v - f;
+    const auto f_odd = (trunc_to_int(f) & 1) != 0;
+    return select((d > 0.5f) | ((d == 0.5f) & f_odd), f + 1.0f, f);
   }
   // C roundf: floor(|v|) + (frac >= 0.5), with the sign of v (a zero result keeps it).
-  const float a = u2f(f2u(v) & 0x7fffffffu);
-  const float fa = floor_small(a);
-  const float away = copysign_bits(a - fa >= 0.5f ? fa + 1.0f : fa, v);
+  const F a = u2f(f2u(v) & 0x7fffffffu);
+  const F fa = floor_small(a);
+  const F away = copysign_bits(select(a - fa >= 0.5f, fa + 1.0f, fa), v);
   if (Mode == kHalfUp) {
-    const float f = floor_small(v);
+    const F f = floor_small(v);
     // ceil(v) of a negative tie; ceil(-0.5) is -0
-    return (v < 0.0f && v - f == 0.5f) ? copysign_bits(f + 1.0f, v) : away;
+    return select((v < 0.0f) & (v - f == 0.5f), copysign_bits(f + 1.0f, v), away);
   }
   return away;
 }
 
+// Whether a quotient q with remainder r (half step h) rounds up; negative: mask of x < 0.
+template <int Mode, class I, class U, class Mask>
+MXOPS_HD auto rounds_up(I r, I h, U q, Mask negative) {
+  if constexpr (Mode == kHalfAwayFromZero) return r >= h;
+  else if constexpr (Mode == kHalfUp) return (r > h) | ((r == h) & (negative == 0));
+  else return (r > h) | ((r == h) & ((q & 1u) != 0));
+}
+
 // Drop t low bits of the significand M (< 2^25) with a rounding rule (SPEC 2.2 step 3).
 // A quotient equal to `keep_at` is kept as it is (microexponents saturate instead of
-// carrying); pass 0xffffffff for plain rounding. t == 0 keeps M; t >= 25 gives 0.
-template <int Mode>
-MXOPS_HD uint32_t round_significand(uint32_t M, int t, uint32_t keep_at, bool negative) {
-  const int tc = imin(imax(t, 0), 25);
-  const uint32_t q = M >> tc;
-  const uint32_t r = M & ((1u << tc) - 1u);
-  const uint32_t h = (1u << tc) >> 1;
-  bool tie_up;
-  if (Mode == kHalfAwayFromZero) tie_up = true;
-  else if (Mode == kHalfUp) tie_up = !negative;
-  else tie_up = (q & 1u) != 0;
-  const bool up = tc > 0 && (r > h || (r == h && tie_up));
-  return (up && q != keep_at) ? q + 1u : q;
+// carrying); pass 0xffffffff for plain rounding. t <= 0 keeps M; t >= 25 gives 0.
+template <int Mode, class U, class Mask>
+MXOPS_HD U round_significand(U M, LaneI<U> t, U keep_at, Mask negative) {
+  using I = LaneI<U>;
+  const I tc = imin(imax(t, splat<I>(0)), splat<I>(25));
+  const U q = M >> as_uint(tc);
+  const U one_t = splat<U>(1u) << as_uint(tc);
+  const I r = as_int(M & (one_t - 1u));  // r, h < 2^25: signed compares suffice
+  const I h = as_int(one_t >> 1);
+  const auto up = (tc > 0) & rounds_up<Mode>(r, h, q, negative) & (q != keep_at);
+  return select(up, q + 1u, q);
 }
 
 // ------------------------------------------------------------------------------------------
 // to_bfp (SPEC 2.2)
 // ------------------------------------------------------------------------------------------
 
+template <class F>
 struct BfpScale {
-  Pow2Divisor div;  // x / scale
-  float scale;      // 2^(E - (m - 1))
-  float max_v;      // (2^m - 1) * scale
+  Pow2Divisor<F> div;  // x / scale
+  F scale;             // 2^(E - (m - 1))
+  F max_v;             // (2^m - 1) * scale
 };
 
-// s: the block maximum of finite_exponent(); m: mantissa bits (bit_width - 9, 1..23).
-MXOPS_HD BfpScale bfp_scale(int s, int m) {
-  const int k = s - 127 - (m - 1);
-  BfpScale p;
-  p.div = pow2_divisor(k);
-  p.scale = pow2(k);
+// The exponent k of scale = 2^k; s: the block maximum of finite_exponent(); m: mantissa bits
+// (bit_width - 9, 1..23).
+template <class I>
+MXOPS_HD I bfp_scale_exponent(I s, int m) { return s - (127 + (m - 1)); }
+
+// NormalOnly: the caller knows pow2_pair_normal(bfp_scale_exponent(s, m)) in every lane.
+template <bool NormalOnly = false, class I>
+MXOPS_HD BfpScale<LaneF<I>> bfp_scale(I s, int m) {
+  const I k = bfp_scale_exponent(s, m);
+  BfpScale<LaneF<I>> p;
+  p.div = pow2_divisor<NormalOnly>(k);
+  p.scale = NormalOnly ? pow2_normal(k) : pow2(k);
   p.max_v = static_cast<float>((1u << m) - 1u) * p.scale;
   return p;
 }
 
-template <int Mode>
-MXOPS_HD float to_bfp_element(float x, const BfpScale& p) {
-  const bool special = exponent_field(f2u(x)) == 255;
-  float v = divide(x, p.div);
-  v = special ? 0.0f : v;  // keep the integer conversion in floor_small defined
-  float y = round_half<Mode>(v) * p.scale;
-  y = y > p.max_v ? p.max_v : y;
-  y = y < -p.max_v ? -p.max_v : y;
-  return special ? x : y;
+// Small: see round_half; holds for m <= 21 (|x / scale| < 2^m).
+template <int Mode, bool Small = false, class F>
+MXOPS_HD F to_bfp_element(F x, const BfpScale<F>& p) {
+  const auto special = is_inf_or_nan(f2u(x));
+  F v = divide(x, p.div);
+  v = select(special, splat<F>(0.0f), v);  // keep the integer conversion in floor_small defined
+  F y = round_half<Mode, Small>(v) * p.scale;
+  y = select(y > p.max_v, p.max_v, y);
+  const F neg_max = -p.max_v;
+  y = select(y < neg_max, neg_max, y);
+  return select(special, x, y);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -176,21 +284,63 @@ MXOPS_HD float to_bfp_element(float x, const BfpScale& p) {
 // ------------------------------------------------------------------------------------------
 
 // s: block maximum of exponent_field() (255 included); sub_max: the sub-block's maximum.
-MXOPS_HD int bfp_prime_shift(int s, int sub_max, int shift_bits) {
-  return imin(s - sub_max, (1 << shift_bits) - 1);
+template <class I>
+MXOPS_HD I bfp_prime_shift(I s, I sub_max, int shift_bits) {
+  return imin(s - sub_max, splat<I>((1 << shift_bits) - 1));
 }
 
-template <int Mode>
-MXOPS_HD float bfp_prime_element(float x, int s, int shift, int m) {
-  const uint32_t u = f2u(x);
-  const int e = exponent_field(u);
-  const bool negative = (u >> 31) != 0;
-  const uint32_t M = e == 0 ? 0u : ((u & 0x7fffffu) | 0x800000u);  // subnormals flush
-  const int t = s - shift - e + 24 - m;
-  const uint32_t Mq = round_significand<Mode>(M, t, (1u << m) - 1u, negative);
-  const float magnitude = static_cast<float>(Mq) * pow2(s - 127 - shift + 1 - m);
-  const float y = u2f(f2u(magnitude) | (u & 0x80000000u));
-  return s == 255 ? u2f(0x7fffffffu) : y;
+// What every element of one sub-block shares.
+template <class F>
+struct BfpPrimeParams {
+  LaneI<F> t_base;      // s - shift + 24 - m: an element of exponent e drops t_base - e bits
+  F quantum;            // 2^(s - shift - 127 + 1 - m)
+  F add, sat;           // quantum * 2^23 and (2^m - 1) * quantum (bfp_prime_element_by_addition)
+  LaneMask<F> nan;      // s == 255: the block holds Inf or NaN
+};
+
+template <class I>
+MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_params(I s, I sub_max, int shift_bits, int m) {
+  const I es = s - bfp_prime_shift(s, sub_max, shift_bits);
+  BfpPrimeParams<LaneF<I>> p;
+  p.t_base = es + (24 - m);
+  p.quantum = pow2(es + (1 - m - 127));
+  p.add = p.quantum * 8388608.0f;
+  p.sat = p.quantum * static_cast<float>((1u << m) - 1u);
+  p.nan = s == 255;
+  return p;
+}
+
+template <int Mode, class F>
+MXOPS_HD F bfp_prime_element(F x, const BfpPrimeParams<F>& p, int m) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const LaneI<F> e = exponent_field(u);
+  const U M = select(e == 0, splat<U>(0u), (u & 0x7fffffu) | 0x800000u);  // subnormals flush
+  const U Mq = round_significand<Mode>(M, p.t_base - e, splat<U>((1u << m) - 1u), as_int(u) < 0);
+  const F magnitude = to_float(as_int(Mq)) * p.quantum;
+  const F y = u2f(f2u(magnitude) | (u & 0x80000000u));
+  return select(p.nan, u2f(splat<U>(0x7fffffffu)), y);
+}
+
+// Where bfp_prime_element_by_addition gives bfp_prime_element<kHalfEven>: quantum * 2^23 is
+// a finite float and the block holds no Inf/NaN.
+template <class F>
+MXOPS_HD LaneMask<F> bfp_prime_addition_exact(const BfpPrimeParams<F>& p) {
+  return (p.t_base <= 254) & (p.nan == 0);
+}
+
+// bfp_prime_element<kHalfEven> by one addition: (|x| + quantum * 2^23) - quantum * 2^23
+// rounds |x| (< 2^m quanta) to a multiple of the quantum to nearest even; min() with
+// (2^m - 1) * quantum is the saturation (a truncated q of 2^m - 1 is kept).
+template <class F>
+MXOPS_HD F bfp_prime_element_by_addition(F x, const BfpPrimeParams<F>& p) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const U a_bits = u & 0x7fffffffu;
+  const F a = select(a_bits < 0x00800000u, splat<F>(0.0f), u2f(a_bits));  // subnormals flush
+  F r = (a + p.add) - p.add;
+  r = select(r > p.sat, p.sat, r);
+  return u2f(f2u(r) | (u & 0x80000000u));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -206,57 +356,74 @@ struct MxElement {
   bool is_int;
 };
 
+template <class F>
 struct MxScale {
-  Pow2Divisor div;  // x / X
-  float X;          // 2^(s - 127 - emax), possibly a float32 subnormal
+  Pow2Divisor<F> div;  // x / X
+  F X;                 // 2^(s - 127 - emax), possibly a float32 subnormal
 };
 
-MXOPS_HD MxScale mx_scale(int s, int emax) {
-  const int k = s - 127 - emax;
-  MxScale p;
-  p.div = pow2_divisor(k);
-  p.X = pow2(k);
+template <class I>
+MXOPS_HD I mx_scale_exponent(I s, int emax) { return s - (127 + emax); }
+
+// NormalOnly: the caller knows pow2_pair_normal(mx_scale_exponent(s, emax)) in every lane.
+template <bool NormalOnly = false, class I>
+MXOPS_HD MxScale<LaneF<I>> mx_scale(I s, int emax) {
+  const I k = mx_scale_exponent(s, emax);
+  MxScale<LaneF<I>> p;
+  p.div = pow2_divisor<NormalOnly>(k);
+  p.X = NormalOnly ? pow2_normal(k) : pow2(k);
   return p;
 }
 
 // Round v to a floating element type: nearest-even, subnormals kept, saturated, zero -> +0.
-MXOPS_HD float round_to_element(float v, const MxElement& f) {
-  const uint32_t u = f2u(v);
-  const uint32_t a = u & 0x7fffffffu;
-  const int e = exponent_field(a);
-  const int e_eff = imax(e, 1);  // float32 subnormals: value = fraction * 2^(1 - 150)
-  const uint32_t M = (a & 0x7fffffu) | (e == 0 ? 0u : 0x800000u);
-  const int t = 23 - f.mantissa_bits + imax(0, f.emin + 127 - e_eff);
-  const uint32_t Mq = round_significand<kHalfEven>(M, t, 0xffffffffu, false);
-  float r = static_cast<float>(Mq) * pow2(e_eff - 150 + t);
-  r = r > f.max_normal ? f.max_normal : r;
-  return r == 0.0f ? 0.0f : u2f(f2u(r) | (u & 0x80000000u));
+// The quantum of |v| is 2^(E - 127 - mb), E = max(e(|v|), emin + 127); with
+// c = quantum * 2^23, (|v| + c) - c rounds |v| to a multiple of the quantum to nearest even
+// (the sum lies in [2^23, 2^24) quanta). Exact for |v| < 2^(emax + 1), all the ops pass.
+template <class F>
+MXOPS_HD F round_to_element(F v, const MxElement& f) {
+  using U = LaneU<F>;
+  using I = LaneI<F>;
+  const U u = f2u(v);
+  const U a_bits = u & 0x7fffffffu;
+  const I e = imax(exponent_field(a_bits), splat<I>(f.emin + 127));
+  const F c = u2f(as_uint(e + (23 - f.mantissa_bits)) << 23);
+  F r = (u2f(a_bits) + c) - c;
+  r = select(r > f.max_normal, splat<F>(f.max_normal), r);
+  return select(r == 0.0f, splat<F>(0.0f), u2f(f2u(r) | (u & 0x80000000u)));
 }
 
-template <int Mode>
-MXOPS_HD float mx_element(float x, const MxScale& p, const MxElement& f) {
-  const bool special = exponent_field(f2u(x)) == 255;
-  float v = divide(x, p.div);
-  v = special ? 0.0f : v;
-  if (f.is_int) {
-    float q = round_half<Mode>(v * 64.0f);
-    q = q > 127.0f ? 127.0f : q;
-    q = q < -128.0f ? -128.0f : q;
-    v = q * 0.015625f;
-  } else {
-    v = round_to_element(v, f);
-  }
-  const float y = p.X * v;
-  return special ? x : y;
+// The integer element (int8, scale 2^-6) of v = x / X: |64 v| < 2^8.
+template <int Mode, class F>
+MXOPS_HD F round_to_int_element(F v) {
+  F q = round_half<Mode, true>(v * 64.0f);
+  q = select(q > 127.0f, splat<F>(127.0f), q);
+  q = select(q < -128.0f, splat<F>(-128.0f), q);
+  return q * 0.015625f;
+}
+
+// Kind: which element type, when the caller fixed it at compile time.
+enum MxKind : int { kMxAnyElement = 0, kMxIntElement = 1, kMxFloatElement = 2 };
+
+template <int Mode, int Kind = kMxAnyElement, class F>
+MXOPS_HD F mx_element(F x, const MxScale<F>& p, const MxElement& f) {
+  const auto special = is_inf_or_nan(f2u(x));
+  F v = divide(x, p.div);
+  v = select(special, splat<F>(0.0f), v);
+  const bool is_int = Kind == kMxAnyElement ? f.is_int : Kind == kMxIntElement;
+  v = is_int ? round_to_int_element<Mode>(v) : round_to_element(v, f);
+  const F y = p.X * v;
+  return select(special, x, y);
 }
 
 // ------------------------------------------------------------------------------------------
-// Storage types: widen to float32 exactly, narrow with nearest-even (SPEC 2.1)
+// Storage types: widen to float32 exactly, narrow with nearest-even (SPEC 2.1). The *_bits
+// forms take and give the 16-bit pattern in a 32-bit lane.
 // ------------------------------------------------------------------------------------------
 
 // bfloat16 rounding of convert_to_bfloat_before_bfp: integer nearest-even, no special case.
-MXOPS_HD float bf16_round_bits(float x) {
-  const uint32_t u = f2u(x);
+template <class F>
+MXOPS_HD F bf16_round_bits(F x) {
+  const LaneU<F> u = f2u(x);
   return u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
 }
 
@@ -268,39 +435,49 @@ struct Float32 {
 
 struct Float16 {
   using T = uint16_t;
-  MXOPS_HD static float load(uint16_t h) {
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    const uint32_t em = h & 0x7fffu;
-    const uint32_t normal = (em << 13) + 0x38000000u;                    // rebias 15 -> 127
-    const uint32_t subnormal = f2u(static_cast<float>(em) * 5.9604644775390625e-8f);  // 2^-24
-    const uint32_t special = 0x7f800000u | ((em & 0x3ffu) << 13);        // Inf / NaN
-    const uint32_t bits = em >= 0x7c00u ? special : (em >= 0x400u ? normal : subnormal);
+  template <class U>
+  MXOPS_HD static LaneF<U> load_bits(U h) {
+    const U sign = (h & 0x8000u) << 16;
+    const U em = h & 0x7fffu;
+    const U normal = (em << 13) + 0x38000000u;                               // rebias 15 -> 127
+    const U subnormal = f2u(to_float(as_int(em)) * 5.9604644775390625e-8f);  // 2^-24
+    const U special = 0x7f800000u | ((em & 0x3ffu) << 13);                   // Inf / NaN
+    const U bits = select(em >= 0x7c00u, special, select(em >= 0x400u, normal, subnormal));
     return u2f(sign | bits);
   }
-  MXOPS_HD static uint16_t store(float f) {
-    const uint32_t u = f2u(f);
-    const uint32_t sign = (u >> 16) & 0x8000u;
-    const uint32_t a = u & 0x7fffffffu;
-    const uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
-    const uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  template <class F>
+  MXOPS_HD static LaneU<F> store_bits(F f) {
+    using U = LaneU<F>;
+    const U u = f2u(f);
+    const U sign = (u >> 16) & 0x8000u;
+    const U a = u & 0x7fffffffu;
+    const U nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+    const U normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
     // Below 2^-14: adding 0.5 (ulp 2^-24) rounds to a whole number of half subnormal steps.
-    const uint32_t subnormal = f2u(u2f(a) + 0.5f) - 0x3f000000u;
-    uint32_t h = a >= 0x38800000u ? normal : subnormal;
-    h = a >= 0x477ff000u ? 0x7c00u : h;  // rounds to 65520 or more: Inf
-    h = a > 0x7f800000u ? nan : h;
-    return static_cast<uint16_t>(sign | h);
+    const U subnormal = f2u(u2f(a) + 0.5f) - 0x3f000000u;
+    U h = select(a >= 0x38800000u, normal, subnormal);
+    h = select(a >= 0x477ff000u, splat<U>(0x7c00u), h);  // rounds to 65520 or more: Inf
+    h = select(a > 0x7f800000u, nan, h);
+    return sign | h;
   }
+  MXOPS_HD static float load(uint16_t h) { return load_bits(static_cast<uint32_t>(h)); }
+  MXOPS_HD static uint16_t store(float f) { return static_cast<uint16_t>(store_bits(f)); }
 };
 
 struct BFloat16 {
   using T = uint16_t;
-  MXOPS_HD static float load(uint16_t b) { return u2f(static_cast<uint32_t>(b) << 16); }
-  MXOPS_HD static uint16_t store(float f) {
-    const uint32_t u = f2u(f);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = (u >> 16) | 0x40u;
-    return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  template <class U>
+  MXOPS_HD static LaneF<U> load_bits(U b) { return u2f(b << 16); }
+  template <class F>
+  MXOPS_HD static LaneU<F> store_bits(F f) {
+    using U = LaneU<F>;
+    const U u = f2u(f);
+    const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const U nan = (u >> 16) | 0x40u;
+    return select((u & 0x7fffffffu) > 0x7f800000u, nan, rounded);
   }
+  MXOPS_HD static float load(uint16_t b) { return load_bits(static_cast<uint32_t>(b)); }
+  MXOPS_HD static uint16_t store(float f) { return static_cast<uint16_t>(store_bits(f)); }
 };
 
 }  // namespace mxops

@@ -1,13 +1,10 @@
 // SIMD walkers (see qdq_simd.h). Compiled with -DMXOPS_SIMD_WIDTH=8 (-mavx2) and =16
 // (-mavx512f -mavx512bw -mavx512vl -mavx512dq); GCC vector extensions keep one source for both.
 //
-// Each lane does, in float32 / int32, exactly what the scalar functions of numerics.h do for
-// one element; two places use an equivalent, cheaper form, both exact:
-//  - round half to even of |v| < 2^22 as (v + 1.5*2^23) - 1.5*2^23 (the FPU's default
-//    nearest-even addition), with v = ±0 passed through so -0 stays -0 as floor() keeps it;
-//  - an MX floating element rounded as (|v| + c) - c with c = 2^(E - mb + 23), E the element
-//    exponent of |v| clamped below at emin: the addition rounds |v| to a multiple of
-//    2^(E - mb) to nearest even, which is round_significand(.., kHalfEven, ..) of numerics.h.
+// The numeric work is numerics.h's, instantiated for vectors (simd_lanes.h); this file owns
+// loads and stores, prefetching, the block and tile walk and the lane reductions, and picks the
+// cheaper exact forms of numerics.h (one-addition rounding, normal-only powers of two) where
+// every lane of a vector allows them.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -15,6 +12,7 @@
 
 #include "../common/bf16_qdq.h"
 #include "../common/block_ops.h"
+#include "../common/simd_lanes.h"
 #include "qdq_simd.h"
 
 #ifndef MXOPS_SIMD_WIDTH
@@ -40,9 +38,9 @@ namespace mxops::cpu::MXOPS_SIMD_NS {
 namespace {
 
 constexpr int W = MXOPS_SIMD_WIDTH;
-typedef float F __attribute__((vector_size(4 * W)));
-typedef int32_t I __attribute__((vector_size(4 * W)));
-typedef uint32_t U __attribute__((vector_size(4 * W)));
+using F = VectorLanes<W>::F;
+using I = VectorLanes<W>::I;
+using U = VectorLanes<W>::U;
 typedef uint16_t H __attribute__((vector_size(2 * W)));
 
 // Elements per contiguous chunk (a multiple of every power-of-two group up to it), columns
@@ -58,13 +56,6 @@ constexpr int64_t kPrefetchBytes = MXOPS_PREFETCH;
 VINL int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 VINL int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-VINL I splat(int v) { return I{} + v; }
-VINL U splatu(uint32_t v) { return U{} + v; }
-VINL F splatf(float v) { return F{} + v; }
-VINL U bits(F f) { return (U)f; }
-VINL F flt(U u) { return (F)u; }
-VINL I vmax(I a, I b) { return a > b ? a : b; }
-VINL I vmin(I a, I b) { return a < b ? a : b; }
 
 template <class V, class T>
 VINL V load_vec(const T* p) {
@@ -89,22 +80,11 @@ VINL I iota() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Lane versions of numerics.h
+// Policies: the block_ops.h policies with the lane type F. key, params and apply are the
+// numerics.h functions instantiated for vectors; what is the backend's is choosing the
+// cheaper exact form when every lane allows it (all_lanes). `Scalar` is the block_ops.h
+// policy, for tails.
 // ---------------------------------------------------------------------------------------
-
-VINL I exponent_v(U u) { return (I)((u >> 23) & 0xffu); }
-VINL I finite_exponent_v(U u) {
-  const I e = exponent_v(u);
-  return e == 255 ? splat(0) : e;
-}
-VINL I is_special_v(U u) { return (I)((u & 0x7f800000u) == 0x7f800000u); }
-
-VINL F pow2_v(I k) {
-  k = vmin(vmax(k, splat(-149)), splat(127));
-  const U normal = (U)(k + 127) << 23;
-  const U subnormal = splatu(1u) << ((U)(k + 149) & 31u);
-  return flt(k >= -126 ? normal : subnormal);
-}
 
 // True when every lane of a comparison mask is set.
 VINL bool all_lanes(I mask) {
@@ -115,90 +95,19 @@ VINL bool all_lanes(I mask) {
 #endif
 }
 
-// 2^k for k in [-126, 127] (normal floats) only.
-VINL F pow2_normal_v(I k) { return flt((U)(k + 127) << 23); }
-
-VINL F copysign_v(F magnitude, F sign_source) {
-  return flt((bits(magnitude) & 0x7fffffffu) | (bits(sign_source) & 0x80000000u));
-}
-
-VINL F floor_small_v(F v) {
-  const F t = __builtin_convertvector(__builtin_convertvector(v, I), F);
-  const F f = t > v ? t - 1.0f : t;
-  return f == 0.0f ? copysign_v(f, v) : f;
-}
-
-// round_half<Mode> of numerics.h; Magic: Mode 2 for |v| < 2^22 by one addition.
-template <int Mode, bool Magic>
-VINL F round_half_v(F v) {
-  if constexpr (Mode == kHalfEven && Magic) {
-    const F r = (v + 12582912.0f) - 12582912.0f;
-    return v == 0.0f ? v : r;
-  } else if constexpr (Mode == kHalfEven) {
-    const F f = floor_small_v(v);
-    const F d = v - f;
-    const I f_odd = (__builtin_convertvector(f, I) & 1) != 0;
-    return ((d > 0.5f) | ((d == 0.5f) & f_odd)) ? f + 1.0f : f;
-  } else {
-    const F a = flt(bits(v) & 0x7fffffffu);
-    const F fa = floor_small_v(a);
-    const F away = copysign_v(a - fa >= 0.5f ? fa + 1.0f : fa, v);
-    if constexpr (Mode == kHalfUp) {
-      const F f = floor_small_v(v);
-      return ((v < 0.0f) & (v - f == 0.5f)) ? copysign_v(f + 1.0f, v) : away;
-    }
-    return away;
-  }
-}
-
-struct DivisorV {
-  F a, b;
-};
-VINL DivisorV divisor_v(I k) {
-  const I inv = -k;
-  return DivisorV{pow2_v(vmin(inv, splat(127))), pow2_v(inv > 127 ? inv - 127 : splat(0))};
-}
-
-// (x / 2^k as (x * a) * b, 2^k), with a cheap path when every lane's 2^k and 2^-k are normal.
-struct ScaleV {
-  DivisorV div;
-  F scale;
-};
-VINL ScaleV scale_v(I k) {
-  if (all_lanes((k >= -126) & (k <= 126)))
-    return ScaleV{DivisorV{pow2_normal_v(-k), splatf(1.0f)}, pow2_normal_v(k)};
-  return ScaleV{divisor_v(k), pow2_v(k)};
-}
-
-// ---------------------------------------------------------------------------------------
-// Policies: key (the per-element exponent a block maximum runs over), params from the block
-// (and sub-block) maxima, apply. `Scalar` is the block_ops.h policy for tails.
-// ---------------------------------------------------------------------------------------
-
-template <int Mode, bool Magic>
+// Small: m <= 21, the one-addition round of round_half (kHalfEven).
+template <int Mode, bool Small>
 struct BfpV {
   using Scalar = ToBfpPolicy<Mode>;
+  using Params = BfpScale<F>;
   static constexpr bool kSubBlocks = false, kBfp = true;
-  struct Params {
-    F a, b, scale, max_v;
-  };
   Scalar s;
-  float max_int;  // 2^m - 1
-  VINL I key(F x) const { return finite_exponent_v(bits(x)); }
+  VINL I key(F x) const { return finite_exponent(f2u(x)); }
   VINL Params params(I blk, I) const {
-    const ScaleV k = scale_v(blk - (127 + s.m - 1));
-    return Params{k.div.a, k.div.b, k.scale, max_int * k.scale};
+    if (all_lanes(pow2_pair_normal(bfp_scale_exponent(blk, s.m)))) return bfp_scale<true>(blk, s.m);
+    return bfp_scale(blk, s.m);
   }
-  VINL F apply(F x, const Params& p) const {
-    const I special = is_special_v(bits(x));
-    F v = (x * p.a) * p.b;
-    v = special ? splatf(0.0f) : v;
-    F y = round_half_v<Mode, Magic>(v) * p.scale;
-    y = y > p.max_v ? p.max_v : y;
-    const F neg_max = -p.max_v;
-    y = y < neg_max ? neg_max : y;
-    return special ? x : y;
-  }
+  VINL F apply(F x, const Params& p) const { return to_bfp_element<Mode, Small>(x, p); }
 };
 
 template <int Mode>
@@ -206,99 +115,47 @@ struct PrimeV {
   using Scalar = ToBfpPrimePolicy<Mode>;
   static constexpr bool kSubBlocks = true, kBfp = true;
   struct Params {
-    I t_base, nan;
-    F mult;       // the quantum 2^(s - shift - 127 + 1 - m)
-    F add, sat;   // fast path: quantum * 2^23 and (2^m - 1) * quantum
-    bool fast;
+    BfpPrimeParams<F> core;
+    bool by_addition;  // kHalfEven and bfp_prime_addition_exact in every lane
   };
   Scalar s;
-  float max_int;  // 2^m - 1
-  VINL I key(F x) const { return exponent_v(bits(x)); }
+  VINL I key(F x) const { return exponent_field(f2u(x)); }
   VINL Params params(I blk, I sub) const {
-    const I shift = vmin(blk - sub, splat((1 << s.shift_bits) - 1));
-    const I es = blk - shift;
     Params p;
-    p.t_base = es + (24 - s.m);
-    p.nan = blk == 255;
-    p.mult = pow2_v(es + (1 - s.m - 127));
-    // Mode 2 by one addition when quantum * 2^23 is a finite float in every lane (and no
-    // block is Inf/NaN): (|x| + quantum * 2^23) - quantum * 2^23 rounds |x| to a multiple of
-    // the quantum to nearest even, which is round_significand(.., kHalfEven, ..); min() with
-    // (2^m - 1) * quantum is the saturation (a truncated q of 2^m - 1 is kept).
-    p.fast = Mode == kHalfEven && all_lanes(es <= 230 + s.m);
-    p.add = p.mult * 8388608.0f;
-    p.sat = p.mult * max_int;
+    p.core = bfp_prime_params(blk, sub, s.shift_bits, s.m);
+    p.by_addition = Mode == kHalfEven && all_lanes(bfp_prime_addition_exact(p.core));
     return p;
   }
   VINL F apply(F x, const Params& p) const {
-    const U u = bits(x);
-    if (p.fast) {
-      const U a_bits = u & 0x7fffffffu;
-      const F a = (a_bits < 0x00800000u) ? splatf(0.0f) : flt(a_bits);  // subnormals flush
-      F r = (a + p.add) - p.add;
-      r = r > p.sat ? p.sat : r;
-      return flt(bits(r) | (u & 0x80000000u));
-    }
-    const I e = exponent_v(u);
-    const U M = e == 0 ? splatu(0u) : ((u & 0x7fffffu) | 0x800000u);
-    const I tc = vmin(vmax(p.t_base - e, splat(0)), splat(25));
-    const U q = M >> (U)tc;
-    const U one_t = splatu(1u) << (U)tc;
-    const I r = (I)(M & (one_t - 1u));
-    const I h = (I)(one_t >> 1);
-    I tie_up;
-    if constexpr (Mode == kHalfAwayFromZero) tie_up = splat(-1);
-    else if constexpr (Mode == kHalfUp) tie_up = (I)u >= 0;
-    else tie_up = (I)(q & 1u) != 0;
-    const I up = (tc > 0) & ((r > h) | ((r == h) & tie_up)) & ((I)q != ((1 << s.m) - 1));
-    const U Mq = q + ((U)up & 1u);
-    const F magnitude = __builtin_convertvector((I)Mq, F) * p.mult;
-    const F y = flt(bits(magnitude) | (u & 0x80000000u));
-    return p.nan ? flt(splatu(0x7fffffffu)) : y;
+    if (p.by_addition) return bfp_prime_element_by_addition(x, p.core);
+    return bfp_prime_element<Mode>(x, p.core, s.m);
   }
 };
 
 template <int Mode, bool IsInt>
 struct MxV {
   using Scalar = MxPolicy<Mode>;
+  using Params = MxScale<F>;
   static constexpr bool kSubBlocks = false, kBfp = false;
-  struct Params {
-    F a, b, X;
-  };
   Scalar s;
-  VINL I key(F x) const { return finite_exponent_v(bits(x)); }
+  VINL I key(F x) const { return finite_exponent(f2u(x)); }
   VINL Params params(I blk, I) const {
-    const ScaleV k = scale_v(blk - (127 + s.element.emax));
-    return Params{k.div.a, k.div.b, k.scale};
+    const int emax = s.element.emax;
+    if (all_lanes(pow2_pair_normal(mx_scale_exponent(blk, emax)))) return mx_scale<true>(blk, emax);
+    return mx_scale(blk, emax);
   }
   VINL F apply(F x, const Params& p) const {
-    const I special = is_special_v(bits(x));
-    F v = (x * p.a) * p.b;
-    v = special ? splatf(0.0f) : v;
-    if constexpr (IsInt) {
-      // |v * 64| < 2^8: the one-addition round is exact for mode 2
-      F q = round_half_v<Mode, true>(v * 64.0f);
-      q = q > 127.0f ? splatf(127.0f) : q;
-      q = q < -128.0f ? splatf(-128.0f) : q;
-      v = q * 0.015625f;
-    } else {
-      const MxElement& f = s.element;
-      const U u = bits(v);
-      const U a_bits = u & 0x7fffffffu;
-      const I e = vmax(exponent_v(a_bits), splat(f.emin + 127));
-      const F c = flt((U)(e + (23 - f.mantissa_bits)) << 23);
-      F r = (flt(a_bits) + c) - c;
-      r = r > f.max_normal ? splatf(f.max_normal) : r;
-      v = r == 0.0f ? splatf(0.0f) : flt(bits(r) | (u & 0x80000000u));
-    }
-    const F y = p.X * v;
-    return special ? x : y;
+    return mx_element<Mode, IsInt ? kMxIntElement : kMxFloatElement>(x, p, s.element);
   }
 };
 
 // ---------------------------------------------------------------------------------------
-// Storage types
+// Storage types: vector loads and stores, widening / narrowing 16-bit lanes to 32-bit ones;
+// the conversions of the bits are numerics.h's (or the F16C instructions, same results).
 // ---------------------------------------------------------------------------------------
+
+VINL U widen(const uint16_t* p) { return __builtin_convertvector(load_vec<H>(p), U); }
+VINL void narrow(uint16_t* p, U v) { store_vec(p, __builtin_convertvector(v, H)); }
 
 struct F32V {
   using T = float;
@@ -310,16 +167,8 @@ struct F32V {
 struct BF16V {
   using T = uint16_t;
   using Scalar = BFloat16;
-  static VINL F load(const uint16_t* p) {
-    return flt(__builtin_convertvector(load_vec<H>(p), U) << 16);
-  }
-  static VINL void store(uint16_t* p, F f) {
-    const U u = bits(f);
-    const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const U nan = (u >> 16) | 0x40u;
-    const U out = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
-    store_vec(p, __builtin_convertvector(out, H));
-  }
+  static VINL F load(const uint16_t* p) { return BFloat16::load_bits(widen(p)); }
+  static VINL void store(uint16_t* p, F f) { narrow(p, BFloat16::store_bits(f)); }
 };
 
 struct F16V {
@@ -327,7 +176,7 @@ struct F16V {
   using Scalar = Float16;
   // F16C conversions: the same results as Float16's integer code, except that widening quiets
   // a signalling NaN, which no output shows (every NaN is stored with the quiet bit set)
-  // unless convert_to_bfloat_before_bfp rounds it first (LoaderV uses load_emulated there).
+  // unless convert_to_bfloat_before_bfp rounds it first (LoaderV uses load_exact there).
   static VINL F load(const uint16_t* p) {
 #if MXOPS_SIMD_WIDTH == 16
     return reinterpret_cast<F>(_mm512_cvtph_ps(load_vec<__m256i>(p)));
@@ -342,28 +191,7 @@ struct F16V {
     store_vec(p, _mm256_cvtps_ph(reinterpret_cast<__m256>(f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
   }
-  static VINL F load_emulated(const uint16_t* p) {
-    const U h = __builtin_convertvector(load_vec<H>(p), U);
-    const U sign = (h & 0x8000u) << 16;
-    const U em = h & 0x7fffu;
-    const U normal = (em << 13) + 0x38000000u;
-    const U subnormal = bits(__builtin_convertvector((I)em, F) * 5.9604644775390625e-8f);
-    const U special = 0x7f800000u | ((em & 0x3ffu) << 13);
-    const U b = em >= 0x7c00u ? special : (em >= 0x400u ? normal : subnormal);
-    return flt(sign | b);
-  }
-  static VINL void store_emulated(uint16_t* p, F f) {
-    const U u = bits(f);
-    const U sign = (u >> 16) & 0x8000u;
-    const U a = u & 0x7fffffffu;
-    const U nan = 0x7e00u | ((a >> 13) & 0x3ffu);
-    const U normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
-    const U subnormal = bits(flt(a) + 0.5f) - 0x3f000000u;
-    U h = a >= 0x38800000u ? normal : subnormal;
-    h = a >= 0x477ff000u ? splatu(0x7c00u) : h;
-    h = a > 0x7f800000u ? nan : h;
-    store_vec(p, __builtin_convertvector(sign | h, H));
-  }
+  static VINL F load_exact(const uint16_t* p) { return Float16::load_bits(widen(p)); }
 };
 
 template <class IO, bool Bf16First>
@@ -373,9 +201,9 @@ struct LoaderV {
   static VINL F load(const T* p) {
     // bfloat16 rounding first can turn a NaN into Inf, so the payload must be exact there
     F f;
-    if constexpr (Bf16First && std::is_same_v<IO, F16V>) f = IO::load_emulated(p);
+    if constexpr (Bf16First && std::is_same_v<IO, F16V>) f = IO::load_exact(p);
     else f = IO::load(p);
-    if constexpr (Bf16First) return flt((bits(f) + 0x7fffu + ((bits(f) >> 16) & 1u)) & 0xffff0000u);
+    if constexpr (Bf16First) return bf16_round_bits(f);
     return f;
   }
   static VINL void store(T* p, F v) { IO::store(p, v); }
@@ -458,14 +286,14 @@ struct Walker {
           I s = pol.key(Ld::load(px + g));
           for (int64_t i = 1; i < nv; ++i) {
             prefetch(px + g + i * W, py + g + i * W);
-            s = vmax(s, pol.key(Ld::load(px + g + i * W)));
+            s = imax(s, pol.key(Ld::load(px + g + i * W)));
           }
-          for (int k = 0; k < steps; ++k) s = vmax(s, xor_lanes(s, masks[k]));
+          for (int k = 0; k < steps; ++k) s = imax(s, xor_lanes(s, masks[k]));
           if constexpr (Pol::kSubBlocks) {
             for (int64_t i = 0; i < nv; ++i) {
               const F v = Ld::load(px + g + i * W);
               I sm = pol.key(v);
-              for (int k = 0; k < sub_steps; ++k) sm = vmax(sm, xor_lanes(sm, masks[k]));
+              for (int k = 0; k < sub_steps; ++k) sm = imax(sm, xor_lanes(sm, masks[k]));
               Ld::store(py + g + i * W, pol.apply(v, pol.params(s, sm)));
             }
           } else {
@@ -480,11 +308,11 @@ struct Walker {
           const F v = Ld::load(px + g);
           const I k0 = pol.key(v);
           I s = k0;
-          for (int k = 0; k < steps; ++k) s = vmax(s, xor_lanes(s, masks[k]));
+          for (int k = 0; k < steps; ++k) s = imax(s, xor_lanes(s, masks[k]));
           I sm = s;
           if constexpr (Pol::kSubBlocks) {
             sm = k0;
-            for (int k = 0; k < sub_steps; ++k) sm = vmax(sm, xor_lanes(sm, masks[k]));
+            for (int k = 0; k < sub_steps; ++k) sm = imax(sm, xor_lanes(sm, masks[k]));
           }
           Ld::store(py + g, pol.apply(v, pol.params(s, sm)));
         }
@@ -523,7 +351,7 @@ struct Walker {
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.key(Ld::load(px + v * W));
       for (int64_t j = 1; j < n; ++j) {
         const T* row = px + j * inner;
-        for (int64_t v = 0; v < nv; ++v) s[v] = vmax(s[v], pol.key(Ld::load(row + v * W)));
+        for (int64_t v = 0; v < nv; ++v) s[v] = imax(s[v], pol.key(Ld::load(row + v * W)));
       }
       if (ahead && kPrefetchBytes > 0) {
         for (int64_t j = 0; j < n; ++j)
@@ -539,7 +367,7 @@ struct Walker {
           for (int64_t v = 0; v < nv; ++v) sm[v] = pol.key(Ld::load(px + a * inner + v * W));
           for (int64_t j = a + 1; j < b; ++j) {
             const T* row = px + j * inner;
-            for (int64_t v = 0; v < nv; ++v) sm[v] = vmax(sm[v], pol.key(Ld::load(row + v * W)));
+            for (int64_t v = 0; v < nv; ++v) sm[v] = imax(sm[v], pol.key(Ld::load(row + v * W)));
           }
           for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], sm[v]);
         } else {
@@ -589,17 +417,15 @@ void with_walker(const SimdOp& op, Fn&& fn) {
     switch (op.method) {
       case 0: {
         const ToBfpPolicy<kMode> sp{op.mantissa_bits};
-        const float max_int = static_cast<float>((1u << op.mantissa_bits) - 1u);
         if (kMode == kHalfEven && op.mantissa_bits <= 21)
-          with_loader(BfpV<kMode, true>{sp, max_int});
+          with_loader(BfpV<kMode, true>{sp});
         else
-          with_loader(BfpV<kMode, false>{sp, max_int});
+          with_loader(BfpV<kMode, false>{sp});
         break;
       }
       case 1:
         with_loader(PrimeV<kMode>{
-            ToBfpPrimePolicy<kMode>{op.mantissa_bits, op.sub_block_size, op.sub_block_shift_bits},
-            static_cast<float>((1u << op.mantissa_bits) - 1u)});
+            ToBfpPrimePolicy<kMode>{op.mantissa_bits, op.sub_block_size, op.sub_block_shift_bits}});
         break;
       default:
         if (op.element.is_int)
@@ -651,11 +477,7 @@ void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale, uint
   for (; i + W <= n; i += W) {
     __builtin_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, 0, 3);
     __builtin_prefetch(reinterpret_cast<const char*>(y + i) + kPrefetchBytes / 2, 1, 3);
-    const F v = load_vec<F>(x + i) / scale + zp;  // as bf16_quantize: x / scale + zp
-    const U u = bits(v);
-    const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const U out = (u & 0x7fffffffu) > 0x7f800000u ? splatu(0x7fc1u) : rounded;
-    store_vec(y + i, __builtin_convertvector(out, H));
+    narrow(y + i, bf16_quantize_lanes(load_vec<F>(x + i), scale, zp));
   }
   for (; i < n; ++i) y[i] = bf16_quantize(x[i], scale, zero_point);
 }
@@ -666,8 +488,7 @@ void bf16_dequantize_run(const uint16_t* y, float* x, int64_t n, float scale, ui
   for (; i + W <= n; i += W) {
     __builtin_prefetch(reinterpret_cast<const char*>(y + i) + kPrefetchBytes / 2, 0, 3);
     __builtin_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, 1, 3);
-    const F f = flt(__builtin_convertvector(load_vec<H>(y + i), U) << 16);
-    store_vec(x + i, (f - zp) * scale);
+    store_vec(x + i, bf16_dequantize_lanes(widen(y + i), scale, zp));
   }
   for (; i < n; ++i) x[i] = bf16_dequantize(y[i], scale, zero_point);
 }
