@@ -236,25 +236,37 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   dispatch_block_op(p, t, QdqRunner{x, y, g, p.block_size, run});
 }
 
+namespace {
+
+// Splits the tensor into runs of elements that share one scale / zero point (the whole chunk
+// per tensor, an inner row per channel) and calls run(begin, end, scale, zero_point) for each,
+// so the loop inside a run is branch-free and vectorises.
+template <class Run>
+void for_each_channel_run(const Geometry& g, bool per_channel, const float* scale,
+                          const uint16_t* zero_point, const TaskRunner& tasks, Run run) {
+  for_each_chunk(g.num_elements, tasks, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end;) {
+      const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
+      const int64_t stop = per_channel ? std::min(end, (i / g.inner + 1) * g.inner) : end;
+      run(i, stop, scale[c], zero_point[c]);
+      i = stop;
+    }
+  });
+}
+
+}  // namespace
+
 void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* zero_point,
                           bool per_channel, const Geometry& g, uint16_t* y, const TaskRunner& run) {
   const Isa isa = selected_isa();
   (void)isa;
-  // Runs of elements that share one channel, so the inner loop is branch-free and vectorises.
-  for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end;) {
-      const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
-      const int64_t stop = per_channel ? std::min(end, (i / g.inner + 1) * g.inner) : end;
-      const float s = scale[c];
-      const uint16_t z = zero_point[c];
+  for_each_channel_run(g, per_channel, scale, zero_point, run,
+                       [&](int64_t i, int64_t stop, float s, uint16_t z) {
 #if defined(__x86_64__)
-      if (isa == Isa::kAvx512) simd16::bf16_quantize_run(x + i, y + i, stop - i, s, z);
-      else if (isa == Isa::kAvx2) simd8::bf16_quantize_run(x + i, y + i, stop - i, s, z);
-      else
+    if (isa == Isa::kAvx512) return simd16::bf16_quantize_run(x + i, y + i, stop - i, s, z);
+    if (isa == Isa::kAvx2) return simd8::bf16_quantize_run(x + i, y + i, stop - i, s, z);
 #endif
-        for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize(x[k], s, z); });
-      i = stop;
-    }
+    for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize(x[k], s, z); });
   });
 }
 
@@ -262,20 +274,13 @@ void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_
                             bool per_channel, const Geometry& g, float* x, const TaskRunner& run) {
   const Isa isa = selected_isa();
   (void)isa;
-  for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end;) {
-      const int64_t c = per_channel ? (i / g.inner) % g.length : 0;
-      const int64_t stop = per_channel ? std::min(end, (i / g.inner + 1) * g.inner) : end;
-      const float s = scale[c];
-      const uint16_t z = zero_point[c];
+  for_each_channel_run(g, per_channel, scale, zero_point, run,
+                       [&](int64_t i, int64_t stop, float s, uint16_t z) {
 #if defined(__x86_64__)
-      if (isa == Isa::kAvx512) simd16::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
-      else if (isa == Isa::kAvx2) simd8::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
-      else
+    if (isa == Isa::kAvx512) return simd16::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
+    if (isa == Isa::kAvx2) return simd8::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
 #endif
-        for_each_run(i, stop, y, x, [&](int64_t k) { x[k] = bf16_dequantize(y[k], s, z); });
-      i = stop;
-    }
+    for_each_run(i, stop, y, x, [&](int64_t k) { x[k] = bf16_dequantize(y[k], s, z); });
   });
 }
 
