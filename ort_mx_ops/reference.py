@@ -144,9 +144,12 @@ def round_half(v: np.ndarray, rounding_mode: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 def _blocked_apply(x: np.ndarray, axis: int, block_size: int,
-                   per_block: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+                   per_block: Callable[[np.ndarray], np.ndarray], granule: int = 1) -> np.ndarray:
     """Apply ``per_block`` to an array of shape (n_blocks, block_size) holding every block
-    of the float32 tensor ``x`` (zero-padded), and scatter the result back."""
+    of the float32 tensor ``x`` (zero-padded), and scatter the result back.
+
+    Padding never changes a result, so a block longer than the axis is padded only to a
+    multiple of ``granule`` (the sub-block size, whose boundaries must stay in place)."""
     if x.ndim <= 1:
         axis = 0  # rank 0 or 1: blocked along the only axis, `axis` ignored
         x = x.reshape(-1)
@@ -156,6 +159,8 @@ def _blocked_apply(x: np.ndarray, axis: int, block_size: int,
         axis %= x.ndim
     moved = np.moveaxis(x, axis, -1)
     length = moved.shape[-1]
+    if block_size > length:
+        block_size = -(-length // granule) * granule
     n_blocks = -(-length // block_size)
     padded = np.zeros(moved.shape[:-1] + (n_blocks * block_size,), dtype=F32)
     padded[..., :length] = moved
@@ -166,7 +171,8 @@ def _blocked_apply(x: np.ndarray, axis: int, block_size: int,
 
 def _run_blocked(x: np.ndarray, dtype: str | None, axis: int, block_size: int,
                  per_block: Callable[[np.ndarray], np.ndarray],
-                 prepare: Callable[[np.ndarray], np.ndarray] = lambda v: v) -> np.ndarray:
+                 prepare: Callable[[np.ndarray], np.ndarray] = lambda v: v,
+                 granule: int = 1) -> np.ndarray:
     """Widen, apply ``per_block`` along ``axis``, narrow; a one-element tensor is returned
     (after ``prepare``) unchanged, as Quark does."""
     x = np.asarray(x)
@@ -177,7 +183,7 @@ def _run_blocked(x: np.ndarray, dtype: str | None, axis: int, block_size: int,
         return _narrow(xf, dtype).reshape(shape)
     if xf.size == 0:
         return _narrow(xf, dtype).reshape(shape)
-    y = _blocked_apply(xf, axis, block_size, per_block)
+    y = _blocked_apply(xf, axis, block_size, per_block, granule)
     return _narrow(y, dtype).reshape(shape)
 
 
@@ -263,7 +269,8 @@ def bfp_quantize_dequantize(x: np.ndarray, bfp_method: str = "to_bfp", axis: int
             return _to_bfp_prime_blocks(b, m, sub_block_size, sub_block_shift_bits,
                                         rounding_mode)
     prepare = bf16_round if convert_to_bfloat_before_bfp else (lambda v: v)
-    return _run_blocked(x, dtype, axis, block_size, per_block, prepare)
+    granule = sub_block_size if method == "to_bfp_prime" else 1
+    return _run_blocked(x, dtype, axis, block_size, per_block, prepare, granule)
 
 
 # --------------------------------------------------------------------------------------

@@ -152,3 +152,14 @@ def test_native_module_matches_onnxruntime() -> None:
             expected = run_one_node(op, "com.amd.quark", attrs, x, "float32", threads=2)
             assert_bits_equal(fn(x, threads=3, **attrs), expected, f"native {name} axis {axis}")
             assert_bits_equal(fn(np.asfortranarray(x), **attrs), expected, "non-contiguous input")
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+def test_block_longer_than_the_axis(axis: int) -> None:
+    """block_size far beyond the axis (2^30): one zero-padded block per row, no allocation
+    the size of the padding."""
+    x = sample_tensor((6, 45), np.random.default_rng(4))
+    for op, attrs in (("BFP", dict(bfp_method="to_bfp_prime", block_size=2 ** 30, sub_block_size=4)),
+                      ("BFP", dict(bfp_method="to_bfp", block_size=2 ** 30)),
+                      ("MX", dict(element_dtype="fp6_e2m3", block_size=2 ** 30))):
+        check(op, dict(attrs, axis=axis), x, "float32")
