@@ -41,28 +41,25 @@ __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t length, int64_t
   return i / inner % length;
 }
 
-__global__ void bf16_quantize_kernel(const float* __restrict__ x, const float* __restrict__ scale,
-                                     const uint16_t* __restrict__ zero_point, bool per_channel,
-                                     int64_t n, int64_t length, int64_t inner,
-                                     uint16_t* __restrict__ y) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const int64_t c = per_channel ? channel_of(i, length, inner) : 0;
-    y[i] = bf16_quantize(x[i], scale[c], zero_point[c]);
-  }
-}
+// The BF16 quantize and dequantize of SPEC 2.4 as element functions, so that one
+// grid-stride kernel serves both directions.
+struct Bf16QuantizeElement {
+  MXOPS_HD uint16_t operator()(float x, float s, uint16_t z) const { return bf16_quantize(x, s, z); }
+};
+struct Bf16DequantizeElement {
+  MXOPS_HD float operator()(uint16_t y, float s, uint16_t z) const { return bf16_dequantize(y, s, z); }
+};
 
-__global__ void bf16_dequantize_kernel(const uint16_t* __restrict__ y,
-                                       const float* __restrict__ scale,
-                                       const uint16_t* __restrict__ zero_point, bool per_channel,
-                                       int64_t n, int64_t length, int64_t inner,
-                                       float* __restrict__ x) {
+template <class Element, class In, class Out>
+__global__ void bf16_linear_kernel(const In* __restrict__ in, const float* __restrict__ scale,
+                                   const uint16_t* __restrict__ zero_point, bool per_channel,
+                                   int64_t n, int64_t length, int64_t inner,
+                                   Out* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     const int64_t c = per_channel ? channel_of(i, length, inner) : 0;
-    x[i] = bf16_dequantize(y[i], scale[c], zero_point[c]);
+    out[i] = Element{}(in[i], scale[c], zero_point[c]);
   }
 }
 
@@ -103,7 +100,8 @@ std::string launch_bf16_quantize_linear(const float* x, const float* scale,
                                         const Geometry& g, uint16_t* y, void* stream) {
   if (g.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s, bf16_quantize_kernel)(
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s,
+               bf16_linear_kernel<Bf16QuantizeElement, float, uint16_t>)(
       x, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, y);
   return launch_status("the bfloat16 quantize kernel");
 }
@@ -113,7 +111,8 @@ std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
                                           const Geometry& g, float* x, void* stream) {
   if (g.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s, bf16_dequantize_kernel)(
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s,
+               bf16_linear_kernel<Bf16DequantizeElement, uint16_t, float>)(
       y, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, x);
   return launch_status("the bfloat16 dequantize kernel");
 }
