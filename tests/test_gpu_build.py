@@ -24,8 +24,11 @@ AMDGPU_MACH = {"gfx900": 0x2c, "gfx906": 0x2f, "gfx908": 0x30, "gfx90a": 0x3f, "
                "gfx1030": 0x36, "gfx1100": 0x41}
 EM_AMDGPU = 224
 # Kernels every device code object must contain (by name, as in csrc/cuda).
+# Kernel names as they appear in the (mangled) device symbols; the BF16 kernel is one template
+# instantiated once per direction, so each instantiation is looked for.
 KERNELS = (b"contiguous_cached_kernel", b"contiguous_long_kernel", b"strided_kernel",
-           b"bf16_quantize_kernel", b"bf16_dequantize_kernel", b"identity_kernel")
+           b"bf16_linear_kernelINS1_19Bf16QuantizeElement",
+           b"bf16_linear_kernelINS1_21Bf16DequantizeElement", b"identity_kernel")
 
 
 # ------------------------------------------------------------------------------------------
