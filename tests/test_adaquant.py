@@ -1,0 +1,204 @@
+"""Fast finetune (AdaQuant) and model-level weight tuning: real error reductions on held-out
+inputs, the overfitting guard, determinism for a fixed seed, option parsing and errors."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper, TensorProto
+
+import ort_mx_ops
+from ort_mx_ops.quantizer.adaquant import FastFinetune, Sample, adaquant_layer
+from ort_mx_ops.quantizer.config import FormatSpec, get_config
+from ort_mx_ops.quantizer.layers import Layer
+from ort_mx_ops.quantizer.quantize import fold_weight, quantize_model
+from ort_mx_ops.quantizer.tuning import CalibrationMissing, read_feeds, tune_model
+
+
+def _correlated(rng, n, k):
+    base = rng.standard_normal((n, 8))
+    return (base @ rng.standard_normal((8, k)) + 0.2 * rng.standard_normal((n, k))
+            ).astype(np.float32)
+
+
+def _matmul_problem(seed=0):
+    rng = np.random.default_rng(seed)
+    spec = FormatSpec.from_name("MXFP4E2M1")
+    layer = Layer("MatMul", (64, 24))
+    w = (rng.standard_normal((64, 24)) * 0.1).astype(np.float32)
+    x = _correlated(rng, 900, 64)
+    xq = fold_weight(x, FormatSpec.from_name("MXINT8"), 1)  # the quantized model's input
+    q = lambda v: fold_weight(v, spec, 0)  # noqa: E731
+    y = x @ w                                                # the float layer's output
+    samples = [Sample(xq[i:i + 50][None], y[i:i + 50]) for i in range(0, 900, 50)]
+    return layer, w, q, samples
+
+
+OPTS = FastFinetune(num_iterations=300, learning_rate=1e-3, batch_size=2)
+
+
+def test_adaquant_lowers_held_out_error_vs_nearest():
+    layer, w, q, samples = _matmul_problem()
+    train, hold, test = samples[:10], samples[10:13], samples[13:]
+    fit = adaquant_layer(layer, w, None, q, train, hold, OPTS, np.random.default_rng(0))
+    assert fit.kept and fit.hold_after < fit.hold_before and fit.train_after < fit.train_before
+
+    def err(weight):
+        return np.mean([np.mean((s.a[0] @ q(weight) - s.y) ** 2) for s in test])
+    assert err(fit.weight) < 0.8 * err(w), (err(fit.weight), err(w))
+
+
+def test_adaquant_trains_bias_with_relu():
+    rng = np.random.default_rng(1)
+    layer = Layer("Gemm", (12, 32), {"transB": 1}, post="Relu")
+    w = (rng.standard_normal((12, 32)) * 0.2).astype(np.float32)
+    b = (rng.standard_normal(12) * 0.1).astype(np.float32)
+    x = _correlated(rng, 600, 32)
+    y = np.maximum(x @ w.T + b, 0)
+    q = lambda v: fold_weight(v, FormatSpec.from_name("MX4"), 1)  # noqa: E731
+    samples = [Sample(x[i:i + 40][None], y[i:i + 40]) for i in range(0, 600, 40)]
+    fit = adaquant_layer(layer, w, b, q, samples[:10], samples[10:], OPTS,
+                         np.random.default_rng(0))
+    assert fit.kept and fit.bias is not None and not np.array_equal(fit.bias, b)
+    assert fit.hold_after < fit.hold_before
+
+
+def test_overfitting_guard_keeps_nearest():
+    layer, w, q, samples = _matmul_problem()
+    rng = np.random.default_rng(9)
+    # Held-out targets unrelated to the inputs: no change can help there.
+    hold = [Sample(s.a, rng.standard_normal(s.y.shape).astype(np.float32) * 10)
+            for s in samples[10:12]]
+    fit = adaquant_layer(layer, w, None, q, samples[:10], hold, OPTS, np.random.default_rng(0))
+    assert not fit.kept and fit.bias is None
+    np.testing.assert_array_equal(fit.weight, w)
+    assert fit.hold_after == fit.hold_before
+    assert fit.iterations < OPTS.num_iterations  # early stop: held-out error never improved
+
+
+def test_fixed_seed_is_deterministic():
+    layer, w, q, samples = _matmul_problem()
+    runs = [adaquant_layer(layer, w, None, q, samples[:10], samples[10:13], OPTS,
+                           np.random.default_rng(seed)) for seed in (5, 5, 6)]
+    np.testing.assert_array_equal(runs[0].weight, runs[1].weight)
+    assert runs[0].iterations == runs[1].iterations
+    assert not np.array_equal(runs[0].weight, runs[2].weight)
+
+
+def test_options():
+    assert FastFinetune.from_options(None) is None and FastFinetune.from_options(False) is None
+    d = FastFinetune.from_options(True)
+    assert (d.data_size, d.batch_size, d.num_iterations, d.learning_rate, d.early_stop) == \
+        (1000, 2, 1000, 1e-5, True)
+    o = FastFinetune.from_options({"NumIterations": 5, "LearningRate": 1e-6,
+                                   "batch_size": 4, "OptimDevice": "cpu"})
+    assert (o.num_iterations, o.learning_rate, o.batch_size) == (5, 1e-6, 4)
+    with pytest.raises(ValueError, match="unknown fast_finetune option 'Foo'"):
+        FastFinetune.from_options({"Foo": 1})
+    with pytest.raises(ValueError, match="adaround"):
+        FastFinetune(optim_algorithm="adaround")
+    with pytest.raises(ValueError, match="CPU"):
+        FastFinetune(optim_device="cuda:0")
+
+
+# -- model level ---------------------------------------------------------------------------
+
+def _small_cnn(seed=0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+
+    def init(name, shape, scale):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32),
+                                       name)
+    inits = [init("w1", (16, 3, 3, 3), 0.3), init("b1", (16,), 0.1),
+             init("w2", (32, 16, 3, 3), 0.1), init("b2", (32,), 0.1),
+             init("w3", (32, 10), 0.2), init("b3", (10,), 0.1)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1",
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2",
+                              strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], name="fc")]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _images(seed, n):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        img = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
+        img = np.kron(img, np.ones((1, 1, 3, 3), np.float32))  # smooth: correlated pixels
+        out.append({"x": img + 0.1 * rng.standard_normal(img.shape).astype(np.float32)})
+    return out
+
+
+def _run(model, feeds):
+    so = ort.SessionOptions()
+    ort_mx_ops.register(so)
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return np.concatenate([s.run(None, f)[0] for f in feeds])
+
+
+def _output_error(model, cfg, feeds):
+    ref = _run(model, feeds)
+    out = _run(quantize_model(model, None, cfg).model, feeds)
+    return float(np.mean((out - ref) ** 2))
+
+
+@pytest.mark.parametrize("algo", ["gptq", "adaquant"])
+def test_tuned_model_beats_nearest_on_held_out_inputs(algo):
+    model = _small_cnn()
+    cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
+    calib, held = _images(1, 24), _images(2, 24)
+    kw = {"weight_rounding": "gptq"} if algo == "gptq" else \
+        {"fast_finetune": FastFinetune(num_iterations=200, learning_rate=1e-3)}
+    tuned, report = tune_model(model, cfg, calib, **kw)
+    assert [c.node for c in report.layers] == ["conv1", "conv2", "fc"]
+    assert all(c.err_after <= c.err_before for c in report.layers)
+    assert any(algo in c.applied for c in report.layers)
+    assert _output_error(model, cfg, held) > _output_error(tuned, cfg, held)
+    # The input model is untouched.
+    assert np.array_equal(numpy_helper.to_array(model.graph.initializer[0]),
+                          numpy_helper.to_array(_small_cnn().graph.initializer[0]))
+
+
+def test_tuning_is_deterministic():
+    model = _small_cnn()
+    cfg = get_config("MX6")
+    calib = _images(3, 8)
+    opts = FastFinetune(num_iterations=50, learning_rate=1e-3)
+    a, _ = tune_model(model, cfg, calib, fast_finetune=opts, weight_rounding="gptq")
+    b, _ = tune_model(model, cfg, calib, fast_finetune=opts, weight_rounding="gptq")
+    for ta, tb in zip(a.graph.initializer, b.graph.initializer):
+        np.testing.assert_array_equal(numpy_helper.to_array(ta), numpy_helper.to_array(tb))
+
+
+def test_gptq_weights_survive_folding_exactly():
+    model = _small_cnn()
+    cfg = get_config("MXFP6E2M3")
+    tuned, report = tune_model(model, cfg, _images(4, 12), weight_rounding="gptq")
+    folded = quantize_model(tuned, None, cfg).model
+    got = {t.name: numpy_helper.to_array(t) for t in folded.graph.initializer}
+    for t in tuned.graph.initializer:
+        if t.name in ("w1", "w2", "w3") and any(c.weight == t.name and "gptq" in c.applied
+                                                for c in report.layers):
+            np.testing.assert_array_equal(got[t.name], numpy_helper.to_array(t))
+
+
+def test_missing_calibration_data_names_the_argument():
+    with pytest.raises(CalibrationMissing, match="calibration_data_reader.*--calib"):
+        read_feeds(None, 10, "weight_rounding='gptq'")
+
+    class Empty:
+        def get_next(self):
+            return None
+    with pytest.raises(CalibrationMissing, match="yielded no batches"):
+        read_feeds(Empty(), 10, "fast_finetune")
