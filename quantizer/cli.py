@@ -96,19 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ort-mx-quantize``; returns the process exit status."""
     args = build_parser().parse_args(argv)
-    from .config import FormatSpec, get_config
-
-    def spec(name: Optional[str], default):
-        if name is None:
-            return default
-        return None if name.lower() == "none" else FormatSpec.from_name(name)
+    from .config import get_config
 
     try:
         base = get_config(args.config)
         cfg = base.replace(
-            activation=spec(args.activation_config, base.activation),
-            weight=spec(args.weight_config, base.weight), name="" if
-            (args.activation_config or args.weight_config) else base.name,
+            activation=base.activation if args.activation_config is None
+            else args.activation_config,
+            weight=base.weight if args.weight_config is None else args.weight_config,
             op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
             quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
             placement=args.placement, fold_weights=not args.no_fold,
