@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import ort_mx_ops  # noqa: E402
-from ort_mx_ops.formats import CONFIGS  # noqa: E402
+import ort_mx_ops
+from ort_mx_ops.formats import CONFIGS
 
 TARGET = 0.85
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
