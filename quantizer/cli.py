@@ -13,35 +13,11 @@ import json
 import sys
 from typing import Optional, Sequence
 
-import numpy as np
-
-from .config import config_names, DEFAULT_OP_TYPES
+from .calibration import NpzReader
+from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS
 from .quantize import quantize_model
 
 __all__ = ["main", "NpzReader"]
-
-
-class NpzReader:
-    """CalibrationDataReader over an .npz: arrays named after inputs, samples on axis 0,
-    yielded ``batch_size`` at a time."""
-
-    def __init__(self, path: str, batch_size: int = 1) -> None:
-        self.arrays = dict(np.load(path))
-        if not self.arrays:
-            raise ValueError(f"{path} holds no arrays")
-        self.n = min(len(a) for a in self.arrays.values())
-        self.batch_size = batch_size
-        self.pos = 0
-
-    def __len__(self) -> int:
-        return -(-self.n // self.batch_size)
-
-    def get_next(self) -> Optional[dict[str, np.ndarray]]:
-        if self.pos >= self.n:
-            return None
-        sl = slice(self.pos, self.pos + self.batch_size)
-        self.pos += self.batch_size
-        return {k: a[sl] for k, a in self.arrays.items()}
 
 
 def _load_reader(spec: str):
@@ -72,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE",
                    help="names of nodes whose inputs stay float")
     p.add_argument("--quantize-bias", action="store_true", help="also quantize Conv/Gemm bias")
-    p.add_argument("--placement", choices=["default", "quark"], default="default",
+    p.add_argument("--placement", choices=list(PLACEMENTS), default="default",
                    help="'quark' reproduces Quark's placement (every op's inputs, axis 1)")
     p.add_argument("--no-fold", action="store_true",
                    help="keep a runtime node on each weight instead of folding it offline")
