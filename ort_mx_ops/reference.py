@@ -1,4 +1,4 @@
-"""Plain numpy implementations of every operator, written to read like SPEC section 2.
+"""Plain numpy implementations of every operator, written to read like docs/formats.md.
 
 This module is the test oracle for the native kernels and a fallback for anyone without the
 native build.  It favours clarity over speed: each function moves the blocked axis last,
@@ -33,7 +33,7 @@ F32 = np.float32
 
 
 # --------------------------------------------------------------------------------------
-# Bit helpers and type conversions (SPEC 2.1)
+# Bit helpers and type conversions (docs/formats.md, "Types")
 # --------------------------------------------------------------------------------------
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -115,7 +115,7 @@ def _dtype_name(x: np.ndarray, dtype: str | None) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# Rounding (SPEC 2.1)
+# Rounding (docs/formats.md, "Rounding")
 # --------------------------------------------------------------------------------------
 
 def round_half(v: np.ndarray, rounding_mode: int) -> np.ndarray:
@@ -140,7 +140,7 @@ def round_half(v: np.ndarray, rounding_mode: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------
-# Blocking: a block is block_size consecutive indices along the axis (SPEC 2.1)
+# Blocking: block_size consecutive indices along the axis (docs/formats.md, "Blocks")
 # --------------------------------------------------------------------------------------
 
 def _blocked_apply(x: np.ndarray, axis: int, block_size: int,
@@ -188,7 +188,7 @@ def _run_blocked(x: np.ndarray, dtype: str | None, axis: int, block_size: int,
 
 
 # --------------------------------------------------------------------------------------
-# BFP and microexponents (SPEC 2.2)
+# BFP and microexponents (docs/formats.md, "BFP" and "Microexponents")
 # --------------------------------------------------------------------------------------
 
 def _to_bfp_blocks(blocks: np.ndarray, m: int, rounding_mode: int) -> np.ndarray:
@@ -206,8 +206,9 @@ def _to_bfp_blocks(blocks: np.ndarray, m: int, rounding_mode: int) -> np.ndarray
 
 def _significand_round(M: np.ndarray, t: np.ndarray, m: int, rounding_mode: int,
                        negative: np.ndarray) -> np.ndarray:
-    """Drop ``t`` low bits of the integer significand ``M`` with rounding_mode (SPEC 2.2
-    step 3); a quotient already at 2^m - 1 is kept (saturation, no carry)."""
+    """Drop ``t`` low bits of the integer significand ``M`` with rounding_mode
+    (docs/formats.md, "Microexponents", step 3); a quotient already at 2^m - 1 is kept
+    (saturation, no carry)."""
     t = np.minimum(t, 62)  # t >= 25 gives 0 anyway; keep the shift inside the word
     q = M >> t
     r = M & ((np.int64(1) << t) - 1)
@@ -265,7 +266,7 @@ def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
 
 
 # --------------------------------------------------------------------------------------
-# OCP microscaling (SPEC 2.3)
+# OCP microscaling (docs/formats.md, "OCP microscaling")
 # --------------------------------------------------------------------------------------
 
 def _round_to_element(v: np.ndarray, fmt: MXElementFormat) -> np.ndarray:
@@ -309,7 +310,7 @@ def mx_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
 
 
 # --------------------------------------------------------------------------------------
-# BF16 quantize / dequantize (SPEC 2.4)
+# BF16 quantize / dequantize (docs/formats.md, "BF16")
 # --------------------------------------------------------------------------------------
 
 def _per_axis(param: np.ndarray, ndim: int, axis: int) -> np.ndarray:

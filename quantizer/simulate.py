@@ -1,5 +1,5 @@
 """Run a quantized model without the native library: ``onnx.reference`` for the standard ops
-and :mod:`ort_mx_ops.reference` (the numpy oracle of SPEC section 2) for ours.
+and :mod:`ort_mx_ops.reference` (the numpy oracle; docs/formats.md) for ours.
 
 Slow, but independent of the C++ kernels: the tests use it as "the float graph evaluated
 with the reference applied at the same places".
