@@ -238,15 +238,23 @@ def handler_for(node: onnx.NodeProto, view: ModelView) -> OpHandler:
     return HANDLERS.get(node.op_type, OpHandler)(node, view)
 
 
-@register_handler
-class ConvHandler(OpHandler):
-    """Conv(X, W (C_out, C_in/g, k...), B): X and W along the channel axis 1."""
-    op_type = "Conv"
+class _LayerHandler(OpHandler):
+    """Ops of the form op(data, weight[, bias]) that contract data and weight."""
     contracted_inputs = (0, 1)
     other_inputs = ()
-    bias_input = 2
     weight_input = 1
+    bias_input = 2
+
+
+class _ConvolutionHandler(_LayerHandler):
+    """Convolutions keep a channel axis of unknown length: it is never a batch axis."""
     keep_dynamic_axis = True
+
+
+@register_handler
+class ConvHandler(_ConvolutionHandler):
+    """Conv(X, W (C_out, C_in/g, k...), B): X and W along the channel axis 1."""
+    op_type = "Conv"
 
     def reduction_axis(self, input_idx: int) -> tuple[int, str]:
         return 1, "Conv channel axis"
@@ -263,14 +271,9 @@ class ConvHandler(OpHandler):
 
 
 @register_handler
-class ConvTransposeHandler(OpHandler):
+class ConvTransposeHandler(_ConvolutionHandler):
     """ConvTranspose(X, W (C_in, C_out/g, k...), B): X along 1, W along 0."""
     op_type = "ConvTranspose"
-    contracted_inputs = (0, 1)
-    other_inputs = ()
-    bias_input = 2
-    weight_input = 1
-    keep_dynamic_axis = True
 
     def reduction_axis(self, input_idx: int) -> tuple[int, str]:
         if input_idx == 1:
@@ -279,13 +282,9 @@ class ConvTransposeHandler(OpHandler):
 
 
 @register_handler
-class GemmHandler(OpHandler):
+class GemmHandler(_LayerHandler):
     """Gemm(A, B, C): A along 1 (0 with transA), B along 0 (1 with transB)."""
     op_type = "Gemm"
-    contracted_inputs = (0, 1)
-    other_inputs = ()
-    bias_input = 2
-    weight_input = 1
 
     def reduction_axis(self, input_idx: int) -> tuple[int, str]:
         if input_idx == 0:
@@ -296,13 +295,11 @@ class GemmHandler(OpHandler):
 
 
 @register_handler
-class MatMulHandler(OpHandler):
+class MatMulHandler(_LayerHandler):
     """MatMul(A, B): A along its last axis, B along its second-to-last (its only axis when
     1-D).  B is the weight when it is a constant."""
     op_type = "MatMul"
-    contracted_inputs = (0, 1)
-    other_inputs = ()
-    weight_input = 1
+    bias_input = None
 
     def reduction_axis(self, input_idx: int) -> tuple[int, str]:
         rank = self.view.rank(self.node.input[input_idx])
