@@ -2,7 +2,6 @@
 separate activation / weight formats by name, weight-only, and per-tensor formats."""
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
