@@ -21,7 +21,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
 import ort_mx_ops
 from ort_mx_ops.formats import CONFIGS
