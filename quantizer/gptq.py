@@ -113,12 +113,12 @@ def _anchored(spec: FormatSpec, quantize_rows: Callable[[np.ndarray, int], np.nd
 def kernel_rows(spec: FormatSpec) -> Callable[[np.ndarray, int], np.ndarray]:
     """``f(x, block_size)``: the real kernel of ``spec`` on a 2-D float32 array blocked along
     axis 1 with ``block_size`` elements per block (BF16: elementwise rounding)."""
-    from .quantize import fold_weight, _native, _node_attrs
+    from .quantize import fold_weight, _native
     if spec.op == "BF16":
         return lambda x, bs: fold_weight(x, spec, None)
     native = _native()
     fn = native.bfp_quantize_dequantize if spec.op == "BFP" else native.mx_quantize_dequantize
-    base = _node_attrs(spec, 1)
+    base = spec.node_attrs(1)
     gran = _granule(spec)
 
     def run(x: np.ndarray, bs: int) -> np.ndarray:

@@ -26,15 +26,13 @@ import onnx
 from onnx import numpy_helper, helper, TensorProto
 
 from .adaquant import FastFinetune, LayerFit, Sample, adaquant_layer
-from .config import FormatSpec, QuantizationConfig
+from .config import FormatSpec, QuantizationConfig, WEIGHT_ROUNDINGS
 from .graph import ModelView
 from .gptq import gptq_quantize, hessian_add, kernel_rows
 from .layers import Layer, LINEAR_OPS
 
 __all__ = ["WEIGHT_ROUNDINGS", "LayerChange", "TuningReport", "tune_model", "read_feeds",
            "CalibrationMissing"]
-
-WEIGHT_ROUNDINGS = ("nearest", "gptq")
 
 
 class CalibrationMissing(ValueError):
@@ -114,6 +112,7 @@ class _Target:
     index: int
     node: onnx.NodeProto
     layer: Layer
+    spec: FormatSpec
     weight: str            # initializer name in the float model
     q_weight: str          # the folded weight's name in the quantized model
     bias: Optional[str]    # float model bias initializer (trained only if unquantized)
@@ -144,20 +143,26 @@ def _post_op(view: ModelView, node: onnx.NodeProto) -> Optional[object]:
     return None
 
 
-def _targets(view: ModelView, qmodel: onnx.ModelProto, records: dict[str, Any],
-             skipped: list[str]) -> list[_Target]:
+def _targets(view: ModelView, qmodel: onnx.ModelProto, cfg: QuantizationConfig,
+             records: dict[str, Any], skipped: list[str]) -> list[_Target]:
+    """The layers to tune, from the op handlers, with the format and axis each weight got."""
+    from .handlers import layers as handler_layers
+    from .placement import _spec_for
     out_to_qnode = {n.output[0]: n for n in qmodel.graph.node if n.output}
     qview = ModelView(qmodel, base_dir=view.base_dir, infer_shapes=False)
     found = []
-    for idx, node in enumerate(view.graph.node):
-        if node.op_type not in LINEAR_OPS or node.domain not in ("", "ai.onnx") or \
-                len(node.input) < 2:
-            continue
+    for info in handler_layers(view):
+        node = view.graph.node[info.node_index]
         label = node.name or node.output[0]
-        wname = node.input[1]
+        wname = info.weight
         rec = records.get(wname)
-        if rec is None or not view.is_weight(wname) or view.is_weight(node.input[0]):
-            continue  # weight not quantized, or no constant weight in input 1
+        spec = _spec_for(cfg, wname, True)
+        if rec is None or spec is None:
+            continue  # weight left float
+        if info.weight_input != 1:
+            skipped.append(f"{label}: the weight is input {info.weight_input}; tuning "
+                           "handles weights in input 1")
+            continue
         if len(view.consumers.get(wname, [])) != 1:
             skipped.append(f"{label}: weight {wname!r} is shared by several nodes")
             continue
@@ -184,12 +189,12 @@ def _targets(view: ModelView, qmodel: onnx.ModelProto, records: dict[str, Any],
                 skipped.append(f"{label}: its bias is not a constant per-channel vector")
                 continue
             bias_value = bvec
-            if qnode.input[2] == node.input[2] and view.is_weight(node.input[2]) and \
-                    len(view.consumers.get(node.input[2], [])) == 1 and \
-                    view.weights[node.input[2]].array(view.base_dir).dtype == np.float32:
-                bias = node.input[2]
-        found.append(_Target(idx, node, layer, wname, qnode.input[1], bias, bias_value,
-                             qnode.input[0], rec.axis, bool(rec.flatten)))
+            if info.bias is not None and qnode.input[2] == info.bias and \
+                    len(view.consumers.get(info.bias, [])) == 1 and \
+                    view.weights[info.bias].array(view.base_dir).dtype == np.float32:
+                bias = info.bias
+        found.append(_Target(info.node_index, node, layer, spec, wname, qnode.input[1], bias,
+                             bias_value, qnode.input[0], rec.axis, bool(rec.flatten)))
     return found
 
 
@@ -284,19 +289,17 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         (["bias_correction"] if bias_correction else []) + \
         (["adaquant"] if fast_finetune is not None else [])
     report = TuningReport(algorithms=algos or ["nearest"])
-    spec = cfg.weight
-    if spec is None:
-        report.skipped.append("all layers: the config leaves weights float")
-        return model, report
     opts = fast_finetune or FastFinetune()
     seed = opts.fixed_seed
-    qsum = quantize_model(model, None, cfg.replace(fold_weights=True))
+    qsum = quantize_model(model, None, cfg.replace(
+        fold_weights=True, weight_rounding="nearest", fast_finetune=None,
+        bias_correction=False))
     qmodel = qsum.model
     records = {r.tensor: r for r in qsum.sites if r.kind == "weight"}
     tuned = onnx.ModelProto()
     tuned.CopyFrom(model)
     view = ModelView(tuned, base_dir=base_dir)
-    targets = _targets(view, qmodel, records, report.skipped)
+    targets = _targets(view, qmodel, cfg, records, report.skipped)
     n = len(feeds)
     report.samples = n
     if not targets:
@@ -313,7 +316,7 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     report.held_out = len(hold_ids)
 
     def quantize_for(t: _Target):
-        return lambda w: fold_weight(w, spec, t.axis, 1.0, t.flatten)
+        return lambda w: fold_weight(w, t.spec, t.axis, 1.0, t.flatten)
 
     # Float targets: every layer's output, on a fixed random subset of its rows.
     rows_idx: dict[tuple[int, int], np.ndarray] = {}
@@ -363,7 +366,6 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
             for j in ks:
                 cache[j].append(got[targets[j].q_input])
 
-    rows_fn = kernel_rows(spec) if weight_rounding == "gptq" else None
     bar = _Progress(len(targets), progress, stream)
     for k, t in enumerate(targets):
         t0 = time.perf_counter()
@@ -412,7 +414,8 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         change.err_before = err(everything, wq, bvec)
         best_hold = err(hold, wq, bvec)
         if weight_rounding == "gptq":
-            res = gptq_quantize(lay, w, h, spec, t.axis, t.flatten, quantize, rows_fn)
+            res = gptq_quantize(lay, w, h, t.spec, t.axis, t.flatten, quantize,
+                                kernel_rows(t.spec))
             if res.fallback:
                 change.rejected.append(f"gptq ({res.fallback})")
             else:
