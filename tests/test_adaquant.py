@@ -202,3 +202,70 @@ def test_missing_calibration_data_names_the_argument():
             return None
     with pytest.raises(CalibrationMissing, match="yielded no batches"):
         read_feeds(Empty(), 10, "fast_finetune")
+
+
+# -- through quantize_model and the CLI -------------------------------------------------------
+
+class _Reader:
+    def __init__(self, feeds):
+        self.feeds = list(feeds)
+
+    def get_next(self):
+        return self.feeds.pop(0) if self.feeds else None
+
+
+def test_adaquant_config_names():
+    from ort_mx_ops.quantizer.config import config_names
+    names = config_names(adaquant=True)
+    assert len(names) == len(config_names()) and all(n.endswith("_ADAQUANT") for n in names)
+    for name in names:
+        cfg = get_config(name)
+        plain = get_config(name[:-len("_ADAQUANT")])
+        assert cfg.fast_finetune == FastFinetune() and cfg.weight == plain.weight
+        assert cfg.name == name and FormatSpec.from_name(name) == plain.weight
+    mixed = get_config("MXFP4E2M1_ADAQUANT", activation="MXINT8")
+    assert mixed.activation == FormatSpec.from_name("MXINT8") and "MXINT8" in mixed.name
+
+
+def test_quantize_model_runs_the_algorithms_and_reports():
+    model = _small_cnn()
+    opts = {"NumIterations": 60, "LearningRate": 1e-3}
+    s = quantize_model(model, None, "MXFP6E2M3_ADAQUANT", _Reader(_images(6, 10)),
+                       weight_rounding="gptq", fast_finetune=opts)
+    assert s.tuning is not None and [c.node for c in s.tuning.layers] == \
+        ["conv1", "conv2", "fc"]
+    assert "relative output error per layer" in str(s)
+    assert s.as_dict()["tuning"]["layers"][0]["node"] == "conv1"
+    near = quantize_model(model, None, "MXFP6E2M3").model
+    assert any(not np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+               for a, b in zip(s.model.graph.initializer, near.graph.initializer))
+
+
+@pytest.mark.parametrize("options", [{"weight_rounding": "gptq"}, {"bias_correction": True},
+                                     {"config": "MX6_ADAQUANT"}])
+def test_missing_reader_is_a_clear_error(options):
+    config = options.pop("config", "MX6")
+    with pytest.raises(ValueError, match="calibration_data_reader=.*--calib"):
+        quantize_model(_small_cnn(), None, config, **options)
+
+
+def test_cli_flags(tmp_path):
+    from ort_mx_ops.quantizer.cli import main
+    src, out = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(_small_cnn(), src)
+    np.savez(tmp_path / "cal.npz", x=np.concatenate([f["x"] for f in _images(7, 8)]))
+    js = tmp_path / "s.json"
+    rc = main([str(src), str(out), "--config", "MXFP4E2M1_ADAQUANT", "--activation-config",
+               "MXINT8", "--weight-rounding", "gptq", "--ff", "NumIterations=20", "--ff",
+               "LearningRate=1e-3", "--calib", str(tmp_path / "cal.npz"), "--quiet",
+               "--summary-json", str(js)])
+    assert rc == 0 and out.exists()
+    import json
+    d = json.load(open(js))
+    assert d["config"] == "A:MXINT8/W:MXFP4E2M1_ADAQUANT"
+    assert d["tuning"]["algorithms"] == ["gptq", "adaquant"]
+    assert all(c["iterations"] <= 20 for c in d["tuning"]["layers"])
+    assert main([str(src), str(tmp_path / "r.onnx"), "--config", "MX6",
+                 "--fast-finetune", "--quiet"]) == 2
+    assert main([str(src), str(tmp_path / "r.onnx"), "--config", "MX6", "--ff", "Bad",
+                 "--quiet"]) == 2
