@@ -43,7 +43,8 @@ class FastFinetune:
     ``hold_out``: fraction of the samples held out to check each layer (at least one sample;
     with a single sample, that fraction of its rows); ``optimizer``: "adam" or "sgd";
     ``max_rows``: rows of the linear form kept per layer (a random subset of the output
-    positions: bounds time and memory, the loss stays an unbiased estimate)."""
+    positions: bounds time and memory, the loss stays an unbiased estimate), fewer where
+    rows times the layer's K (all groups) would exceed ``max_elements``."""
     data_size: int = 1000
     fixed_seed: int = 1705472343
     batch_size: int = 2
@@ -57,6 +58,7 @@ class FastFinetune:
     optimizer: str = "adam"
     patience: int = 4
     max_rows: int = 16384
+    max_elements: int = 1 << 24
 
     def __post_init__(self) -> None:
         if self.optim_algorithm.lower() != "adaquant":
@@ -69,8 +71,9 @@ class FastFinetune:
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         if self.data_size < 1 or self.batch_size < 1 or self.num_iterations < 0 or \
-                self.patience < 1 or self.max_rows < 1:
-            raise ValueError("data_size, batch_size, patience, max_rows must be >= 1 and "
+                self.patience < 1 or self.max_rows < 1 or self.max_elements < 1:
+            raise ValueError("data_size, batch_size, patience, max_rows, max_elements must "
+                             "be >= 1 and "
                              "num_iterations >= 0")
         if not self.learning_rate > 0:
             raise ValueError("learning_rate must be > 0")

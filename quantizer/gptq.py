@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .config import FormatSpec
-from .layers import Layer
+from .layers import Layer, group_matmul
 
 __all__ = ["gptq_quantize", "block_ids", "hessian_add", "kernel_rows", "GptqResult"]
 
@@ -84,7 +84,7 @@ def _chunks(layer: Layer, ids: np.ndarray) -> Optional[list[np.ndarray]]:
 def hessian_add(h: Optional[np.ndarray], a: np.ndarray) -> np.ndarray:
     """``h + A^T A`` per group in float64 (``h`` None: start from zero); ``a`` is (g, rows, K)."""
     a64 = a.astype(np.float64)
-    upd = np.matmul(a64.transpose(0, 2, 1), a64)
+    upd = group_matmul(a64.transpose(0, 2, 1), a64)
     return upd if h is None else h + upd
 
 

@@ -18,9 +18,19 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Layer", "LINEAR_OPS"]
+__all__ = ["Layer", "LINEAR_OPS", "group_matmul"]
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def group_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a[g] @ b[g]`` for every group g.  One group: BLAS (np.dot handles transposed views);
+    several (grouped and depthwise convolutions, small matrices): one einsum loop, because
+    numpy's batched matmul skips BLAS for transposed operands and a threaded BLAS spends
+    more time waking its threads than computing such small products."""
+    if a.shape[0] == 1:
+        return np.dot(a[0], b[0])[None]
+    return np.einsum("gij,gjk->gik", a, b)
 
 
 def _ints(v: Optional[Sequence[int]], n: int, default: int) -> tuple[int, ...]:
@@ -219,7 +229,7 @@ class Layer:
     # -- linear form -------------------------------------------------------------------------
     def linear(self, a: np.ndarray, m: np.ndarray, bvec: Optional[np.ndarray]) -> np.ndarray:
         """(rows, C_out) = per group A[g] @ M[g], plus the bias vector."""
-        y = np.matmul(a, m)  # (g, rows, co/g)
+        y = group_matmul(a, m)  # (g, rows, co/g)
         y = y.transpose(1, 0, 2).reshape(a.shape[1], -1)
         return y + bvec if bvec is not None else y
 
@@ -236,7 +246,7 @@ class Layer:
         (rows, C_out) output is ``dy``."""
         g = a.shape[0]
         dyg = dy.reshape(dy.shape[0], g, -1).transpose(1, 0, 2)
-        return np.matmul(a.transpose(0, 2, 1), dyg), dy.sum(axis=0)
+        return group_matmul(a.transpose(0, 2, 1), dyg), dy.sum(axis=0)
 
     # -- whole-tensor conveniences (tests, callers without the linear form) -------------------
     def forward(self, x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray] = None) -> np.ndarray:

@@ -334,7 +334,8 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         for k, t in enumerate(targets):
             y = got[t.node.output[0]]
             rows = t.layer.from_output(np.asarray(y, dtype=np.float32))
-            per = max(1, opts.max_rows // n)
+            g, kk, _ = t.layer.weight_matrix(np.empty(t.layer.weight_shape, np.float32)).shape
+            per = max(1, min(opts.max_rows, opts.max_elements // (g * kk)) // n)
             r = np.random.default_rng([seed, k, s])
             idx = np.sort(r.choice(len(rows), size=min(per, len(rows)), replace=False))
             rows_idx[(k, s)] = idx
