@@ -83,8 +83,17 @@ def _chunks(layer: Layer, ids: np.ndarray) -> Optional[list[np.ndarray]]:
 
 def hessian_add(h: Optional[np.ndarray], a: np.ndarray) -> np.ndarray:
     """``h + A^T A`` per group in float64 (``h`` None: start from zero); ``a`` is (g, rows, K)."""
-    a64 = a.astype(np.float64)
-    upd = group_matmul(a64.transpose(0, 2, 1), a64)
+    g, _, k = a.shape
+    if g > 1 and k <= 32:
+        # Depthwise-like: many tiny products; one vectorised dot per pair of K columns.
+        cols = [np.ascontiguousarray(a[:, :, i], dtype=np.float64) for i in range(k)]
+        upd = np.empty((g, k, k))
+        for i in range(k):
+            for j in range(i, k):
+                upd[:, i, j] = upd[:, j, i] = np.einsum("gr,gr->g", cols[i], cols[j])
+    else:
+        a64 = a.astype(np.float64)
+        upd = group_matmul(a64.transpose(0, 2, 1), a64)
     return upd if h is None else h + upd
 
 
