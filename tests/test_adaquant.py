@@ -269,3 +269,14 @@ def test_cli_flags(tmp_path):
                  "--fast-finetune", "--quiet"]) == 2
     assert main([str(src), str(tmp_path / "r.onnx"), "--config", "MX6", "--ff", "Bad",
                  "--quiet"]) == 2
+
+
+def test_demo_row_specs():
+    from ort_mx_ops.quantizer.demo import parse_row
+    assert parse_row("MXFP4E2M1/A=MXINT8+gptq+bc") == (
+        "MXFP4E2M1", {"activation": "MXINT8", "weight_rounding": "gptq",
+                      "bias_correction": True})
+    assert parse_row("MX6_ADAQUANT") == ("MX6_ADAQUANT", {})
+    assert parse_row("MX6+adaquant") == ("MX6", {"fast_finetune": True})
+    with pytest.raises(ValueError, match="unknown algorithm 'foo'"):
+        parse_row("MX6+foo")
