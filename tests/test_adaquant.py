@@ -79,6 +79,8 @@ def test_overfitting_guard_keeps_nearest():
 
 def test_fixed_seed_is_deterministic():
     layer, w, q, samples = _matmul_problem()
+    layer.post = "Relu"  # the row-wise path, which draws minibatches from the generator
+    samples = [Sample(s.a, np.maximum(s.y, 0)) for s in samples]
     runs = [adaquant_layer(layer, w, None, q, samples[:10], samples[10:13], OPTS,
                            np.random.default_rng(seed)) for seed in (5, 5, 6)]
     np.testing.assert_array_equal(runs[0].weight, runs[1].weight)
@@ -157,7 +159,7 @@ def _output_error(model, cfg, feeds):
 def test_tuned_model_beats_nearest_on_held_out_inputs(algo):
     model = _small_cnn()
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
-    calib, held = _images(1, 24), _images(2, 24)
+    calib, held = _images(1, 64), _images(2, 24)
     kw = {"weight_rounding": "gptq"} if algo == "gptq" else \
         {"fast_finetune": FastFinetune(num_iterations=200, learning_rate=1e-3)}
     tuned, report = tune_model(model, cfg, calib, **kw)
@@ -280,3 +282,22 @@ def test_demo_row_specs():
     assert parse_row("MX6+adaquant") == ("MX6", {"fast_finetune": True})
     with pytest.raises(ValueError, match="unknown algorithm 'foo'"):
         parse_row("MX6+foo")
+
+
+def test_gram_form_matches_rows():
+    from ort_mx_ops.quantizer.adaquant import _Gram, _loss
+    rng = np.random.default_rng(8)
+    layer = Layer("Conv", (6, 2, 3, 3), {"group": 3})
+    x = rng.standard_normal((2, 6, 5, 5)).astype(np.float32)
+    a, _ = layer.rows(x)
+    y = rng.standard_normal((a.shape[1], 6)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    m = layer.weight_matrix(w)
+    gram = _Gram(layer, [Sample(a[:, :20], y[:20]), Sample(a[:, 20:], y[20:])])
+    np.testing.assert_allclose(gram.loss(m, b), _loss(layer, a, y, m, b), rtol=1e-5)
+    gm, gb = gram.grad(m, b)
+    dy = (layer.linear(a, m, b) - y) * (2.0 / y.size)
+    gm_ref, gb_ref = layer.grad_linear(a, dy)
+    np.testing.assert_allclose(gm, gm_ref, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(gb, gb_ref, rtol=1e-3, atol=1e-5)
