@@ -159,7 +159,7 @@ class _Gram:
             rows = s.a.shape[1]
             a = np.concatenate([s.a, np.ones((g, rows, 1), s.a.dtype)], axis=2
                                ).astype(np.float64)
-            y = s.y.astype(np.float64).reshape(rows, g, -1).transpose(1, 0, 2)
+            y = s.y.astype(np.float64).reshape(rows, g, s.y.shape[1] // g).transpose(1, 0, 2)
             h = group_matmul(a.transpose(0, 2, 1), a)
             gy = group_matmul(a.transpose(0, 2, 1), y)
             self.h = h if self.h is None else self.h + h
