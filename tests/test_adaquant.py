@@ -302,3 +302,23 @@ def test_gram_form_matches_rows():
     gm_ref, gb_ref = layer.grad_linear(a, dy)
     np.testing.assert_allclose(gm, gm_ref, rtol=1e-3, atol=1e-5)
     np.testing.assert_allclose(gb, gb_ref, rtol=1e-3, atol=1e-5)
+
+
+def test_demo_rows_generic_mode(tmp_path):
+    import json
+    from ort_mx_ops.quantizer import demo
+    src = tmp_path / "m.onnx"
+    onnx.save(_small_cnn(), src)
+    np.savez(tmp_path / "cal.npz", x=np.concatenate([f["x"] for f in _images(11, 24)]))
+    np.savez(tmp_path / "ev.npz", x=np.concatenate([f["x"] for f in _images(12, 12)]))
+    out = tmp_path / "res"
+    rc = demo.main(["--model", str(src), "--configs", "MXFP4E2M1", "--data",
+                    str(tmp_path / "ev.npz"), "--rows", "MXFP4E2M1+gptq",
+                    "MXFP4E2M1_ADAQUANT", "--calib-data", str(tmp_path / "cal.npz"),
+                    "--ff", "NumIterations=30", "--out-dir", str(out), "--quiet"])
+    assert rc == 0
+    rows = {r["config"]: r for r in json.loads((out / "demo.json").read_text())["rows"]}
+    assert set(rows) == {"float32", "MXFP4E2M1", "MXFP4E2M1+gptq", "MXFP4E2M1_ADAQUANT"}
+    cos = {k: r["metrics"]["cosine_to_float"] for k, r in rows.items()}
+    assert cos["MXFP4E2M1+gptq"] > cos["MXFP4E2M1"]
+    assert "| MXFP4E2M1+gptq |" in (out / "demo.md").read_text()
