@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="float ONNX model")
     p.add_argument("output", help="where to write the quantized model (never the input)")
     p.add_argument("--config", required=True, metavar="NAME",
-                   help=f"format for activations and weights: {', '.join(config_names())}")
+                   help=f"format for activations and weights: {', '.join(config_names())}; "
+                        "NAME_ADAQUANT (e.g. MX6_ADAQUANT) adds fast finetune (needs --calib)")
     p.add_argument("--weight-config", metavar="NAME",
                    help="a different format for weights (e.g. --config BF16 "
                         "--weight-config MXINT8); 'none' keeps weights float")
