@@ -46,7 +46,7 @@ def block_ids(shape: tuple[int, ...], spec: FormatSpec, axis: Optional[int],
         return (np.arange(int(np.prod(shape))) // bs).reshape(shape)
     axis = axis % len(shape)
     length = shape[axis]
-    bs = min(bs, length) if bs > length else bs
+    bs = min(bs, length)  # a block longer than the axis is the whole axis
     pos = np.arange(length) // bs
     nb = -(-length // bs)
     others = [d for i, d in enumerate(shape) if i != axis]

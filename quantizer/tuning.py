@@ -23,13 +23,13 @@ from typing import Any, Optional, TextIO
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, helper, TensorProto
+from onnx import numpy_helper, helper
 
 from .adaquant import FastFinetune, LayerFit, Sample, adaquant_layer
 from .config import FormatSpec, QuantizationConfig, WEIGHT_ROUNDINGS
 from .graph import ModelView
 from .gptq import gptq_quantize, hessian_add, kernel_rows
-from .layers import Layer, LINEAR_OPS, group_matmul
+from .layers import Layer, group_matmul
 
 __all__ = ["WEIGHT_ROUNDINGS", "LayerChange", "TuningReport", "tune_model", "read_feeds",
            "CalibrationMissing"]
