@@ -29,7 +29,7 @@ from .adaquant import FastFinetune, LayerFit, Sample, adaquant_layer
 from .config import FormatSpec, QuantizationConfig, WEIGHT_ROUNDINGS
 from .graph import ModelView
 from .gptq import gptq_quantize, hessian_add, kernel_rows
-from .layers import Layer, group_matmul
+from .layers import Layer
 
 __all__ = ["WEIGHT_ROUNDINGS", "LayerChange", "TuningReport", "tune_model", "read_feeds",
            "CalibrationMissing"]
@@ -415,27 +415,17 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         change.err_before = err(everything, wq, bvec)
         best_hold = err(hold, wq, bvec)
         if weight_rounding == "gptq":
-            # Two starting points: the float weight, and the weight that best maps the
-            # quantized inputs to the float outputs (it also makes up for the error the
-            # quantized activations bring); the held-out samples choose.
-            starts = [("gptq", w)]
-            refit = _refit(lay, train, bvec)
-            if refit is not None:
-                starts.append(("gptq+refit", refit))
-            for label, start_w in starts:
-                res = gptq_quantize(lay, start_w, h, t.spec, t.axis, t.flatten, quantize,
-                                    kernel_rows(t.spec))
-                if res.fallback:
-                    change.rejected.append(f"{label} ({res.fallback})")
-                    break
+            res = gptq_quantize(lay, w, h, t.spec, t.axis, t.flatten, quantize,
+                                kernel_rows(t.spec))
+            if res.fallback:
+                change.rejected.append(f"gptq ({res.fallback})")
+            else:
                 e = err(hold, res.weight, bvec)
                 if e < best_hold:
-                    if change.applied:
-                        change.rejected.append(change.applied.pop())
                     stored, wq, best_hold = res.weight, res.weight, e
-                    change.applied.append(label)
+                    change.applied.append("gptq")
                 else:
-                    change.rejected.append(label)
+                    change.rejected.append("gptq")
         if bias_correction and t.bias:
             shift = _mean_shift(lay, train, lay.weight_matrix(wq), bvec)
             nb = (bvec + shift).astype(np.float32)
@@ -473,31 +463,6 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         bar.layer(k + 1, change)
     report.seconds = time.perf_counter() - start
     return tuned, report
-
-
-def _refit(lay: Layer, samples: list[Sample], b: Optional[np.ndarray],
-           damp: float = 0.01) -> Optional[np.ndarray]:
-    """The float weight minimising the squared error between the layer on the quantized
-    inputs and the float outputs over ``samples`` (ridge ``damp`` x mean Hessian diagonal);
-    None where the layer has a ``post`` op (the fit is then not linear)."""
-    if lay.post is not None or not samples:
-        return None
-    h = gy = None
-    for s in samples:
-        g = s.a.shape[0]
-        a = s.a.astype(np.float64)
-        y = s.y.astype(np.float64) - (0.0 if b is None else b.astype(np.float64))
-        y = y.reshape(len(y), g, -1).transpose(1, 0, 2)
-        at = a.transpose(0, 2, 1)
-        h = group_matmul(at, a) if h is None else h + group_matmul(at, a)
-        gy = group_matmul(at, y) if gy is None else gy + group_matmul(at, y)
-    k = h.shape[1]
-    lam = damp * np.maximum(np.einsum("gii->gi", h).mean(axis=1), 1e-12)
-    try:
-        m = np.linalg.solve(h + lam[:, None, None] * np.eye(k)[None], gy)
-    except np.linalg.LinAlgError:
-        return None
-    return lay.weight_from_matrix(m.astype(np.float32))
 
 
 def _mean_shift(lay: Layer, samples: list[Sample], m: np.ndarray,
