@@ -28,6 +28,7 @@ from ort_mx_ops.formats import PRODUCT_DOMAIN
 from .config import FormatSpec
 
 __all__ = ["WEIGHT_STORAGES", "StoredWeight", "apply_weight_storage", "check_weight_storage",
+           "expand_packed_weights",
            "ONNX_ELEMENT_TYPES", "ONNX_MIN_OPSET"]
 
 WEIGHT_STORAGES = ("folded", "packed", "onnx")
@@ -259,6 +260,10 @@ def apply_weight_storage(model: onnx.ModelProto, weights: Sequence[StoredWeight]
                          f"{values.dtype}; left folded")
             continue
         if w.spec.op == "BF16":
+            if _default_opset(model) < 13:  # Cast from bfloat16
+                notes.append(f"{w.name}: a bfloat16 weight needs opset 13 (Cast from "
+                             f"BFLOAT16), this model imports {_default_opset(model)}; left folded")
+                continue
             nodes = _bf16_nodes(g, w.name, values)
         elif storage == "packed":
             nodes = _packed_nodes(g, w, values)
@@ -271,3 +276,52 @@ def apply_weight_storage(model: onnx.ModelProto, weights: Sequence[StoredWeight]
         g.replace(w.name, nodes)
     g.finish()
     return notes
+
+
+def expand_packed_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` in which every ``MXDequantize`` / ``BFPDequantize`` node whose inputs
+    are initializers is replaced by the float32 initializer it computes (decoded in numpy, bit
+    for bit the folded weight). onnxruntime then sees constant weights, as in the folded model
+    (weight prepacking, layout transforms): load a packed file through this to run it exactly as
+    fast as the folded one; the file on disk stays packed."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    inits = {t.name: t for t in g.initializer}
+    keep: list[onnx.NodeProto] = []
+    used_by_decoders: set[str] = set()
+    for n in g.node:
+        if n.domain != PRODUCT_DOMAIN or n.op_type not in ("MXDequantize", "BFPDequantize") or \
+                any(i and i not in inits for i in n.input):
+            keep.append(n)
+            continue
+        arrays = [numpy_helper.to_array(inits[i]) if i else None for i in n.input]
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+        shape = tuple(attrs["shape"])
+        if n.op_type == "MXDequantize":
+            arrays += [None] * (4 - len(arrays))
+            y = packing.unpack_mx(arrays[0], arrays[1], attrs.get("element_dtype", "int8"),
+                                  attrs.get("axis", 1), attrs.get("block_size", 32), shape,
+                                  arrays[2], arrays[3])
+        else:
+            arrays += [None] * (5 - len(arrays))
+            y = packing.unpack_bfp(arrays[0], arrays[1], attrs.get("bfp_method", "to_bfp"),
+                                   attrs.get("bit_width", 16), attrs.get("axis", 1),
+                                   attrs.get("block_size", 8), shape, arrays[2],
+                                   attrs.get("sub_block_size", 2),
+                                   attrs.get("sub_block_shift_bits", 1), arrays[3], arrays[4])
+        g.initializer.append(numpy_helper.from_array(y, n.output[0]))
+        used_by_decoders.update(i for i in n.input if i)
+    del g.node[:]
+    g.node.extend(keep)
+    still_used = {i for n in keep for i in n.input} | {o.name for o in g.output}
+    dead = used_by_decoders - still_used
+    kept_inits = [t for t in g.initializer if t.name not in dead]
+    del g.initializer[:]
+    g.initializer.extend(kept_inits)
+    if not any(n.domain == PRODUCT_DOMAIN for n in keep):
+        ops = [o for o in out.opset_import if o.domain != PRODUCT_DOMAIN]
+        del out.opset_import[:]
+        out.opset_import.extend(ops)
+    return out
