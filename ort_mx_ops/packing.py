@@ -236,7 +236,11 @@ def unpack_mx(payload: np.ndarray, scales: np.ndarray, element_dtype: str, axis:
     width = mx_code_width(element_dtype)
     codes = unpack_bits(_check_len("payload", payload, -(-n * width // 8)), width, n)
     nb = -(-length // block_size)
-    scales = _check_len("scales", scales, outer * nb * inner)
+    scales = np.asarray(scales)
+    if scales.dtype != np.int16:  # int16: unclipped exponents of pack_mx(e8m0=False)
+        scales = _check_len("scales", scales, outer * nb * inner)
+    elif scales.size != outer * nb * inner:
+        raise ValueError(f"scales has {scales.size} entries; need {outer * nb * inner}")
     per_elem = _per_group(scales, geom, block_size).reshape(-1)
     y = _decode_mx(codes, per_elem, element_dtype)
     return _apply_exceptions(y, exception_indices, exception_values).reshape(shape)
@@ -346,13 +350,17 @@ def _mx_codes(blocks: np.ndarray, scale_byte: np.ndarray,
     return codes, exact
 
 
-def pack_mx(folded: np.ndarray, element_dtype: str, axis: int,
-            block_size: int = 32) -> PackedWeight:
+def pack_mx(folded: np.ndarray, element_dtype: str, axis: int, block_size: int = 32,
+            e8m0: bool = True) -> PackedWeight:
     """Pack the float32 output of ``MXQuantizeDequantize`` (same element_dtype, axis,
     block_size). The scale byte is E - emax clipped to [0, 254], E the block's largest finite
     exponent field; for a block that this does not code exactly, E - emax - 1 is tried (an
     int8 element of -128 lies one binade above the scale's). Codes are the elements nearest
-    to y / X; elements that still decode differently become exceptions."""
+    to y / X; elements that still decode differently become exceptions.
+
+    ``e8m0=False`` (for float32 scales, the standard-ONNX storage): no clipping at 0, so a
+    block of float32 subnormals keeps its own scale 2^(E - 127 - emax) < 2^-127; ``scales``
+    is then int16."""
     y = _float32_input(folded)
     _mx_format(element_dtype)
     if block_size < 1:
@@ -361,9 +369,10 @@ def pack_mx(folded: np.ndarray, element_dtype: str, axis: int,
     blocks = _to_blocks(y, geom, block_size)
     e = _exponent_field(blocks)
     s = np.where(e == 255, 0, e).max(axis=-1)
-    scale_byte = np.clip(s - _mx_format(element_dtype).emax, 0, 254).astype(np.uint8)
+    low, dtype = (0, np.uint8) if e8m0 else (-149 + 127, np.int16)
+    scale_byte = np.clip(s - _mx_format(element_dtype).emax, low, 254).astype(dtype)
     codes, exact = _mx_codes(blocks, scale_byte, element_dtype)
-    lower = np.maximum(scale_byte.astype(np.int32) - 1, 0).astype(np.uint8)
+    lower = np.maximum(scale_byte.astype(np.int32) - 1, low).astype(dtype)
     if not exact.all():
         codes_lower, exact_lower = _mx_codes(blocks, lower, element_dtype)
         use_lower = ~exact & exact_lower

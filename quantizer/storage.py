@@ -25,13 +25,12 @@ from onnx import TensorProto, helper, numpy_helper
 from ort_mx_ops import packing
 from ort_mx_ops.formats import PRODUCT_DOMAIN
 
-from .config import FormatSpec
+from .config import WEIGHT_STORAGES, FormatSpec
 
 __all__ = ["WEIGHT_STORAGES", "StoredWeight", "apply_weight_storage", "check_weight_storage",
            "expand_packed_weights",
            "ONNX_ELEMENT_TYPES", "ONNX_MIN_OPSET"]
 
-WEIGHT_STORAGES = ("folded", "packed", "onnx")
 ONNX_MIN_OPSET = 21  # DequantizeLinear with block_size
 # MX element types that standard DequantizeLinear runs, and their ONNX data type.
 ONNX_ELEMENT_TYPES = {"fp8_e4m3": TensorProto.FLOAT8E4M3FN, "fp8_e5m2": TensorProto.FLOAT8E5M2,
@@ -194,7 +193,8 @@ def _onnx_nodes(g: _Graph, w: StoredWeight, values: np.ndarray) -> Optional[list
     view, axis = _blocked_view(values, w)
     a = w.spec.full_attrs()
     element = a["element_dtype"]
-    p = _pack(view, w.spec, axis)
+    # float32 scales need no E8M0 clipping: a block of float32 subnormals keeps its scale.
+    p = packing.pack_mx(view, element, axis, int(a["block_size"]), e8m0=False)
     if p.exception_indices.size:
         return None  # Inf / NaN / -0 that the element type cannot hold
     block = int(a["block_size"])
