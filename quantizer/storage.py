@@ -26,6 +26,7 @@ from ort_mx_ops import packing
 from ort_mx_ops.formats import PRODUCT_DOMAIN
 
 from .config import WEIGHT_STORAGES, FormatSpec
+from .nodes import Names
 
 __all__ = ["WEIGHT_STORAGES", "StoredWeight", "apply_weight_storage", "check_weight_storage",
            "expand_packed_weights",
@@ -71,21 +72,9 @@ class _Graph:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model, self.graph = model, model.graph
-        self.used = {i.name for i in self.graph.initializer} | {i.name for i in self.graph.input}
-        for n in self.graph.node:
-            self.used.update(n.input)
-            self.used.update(n.output)
-            self.used.add(n.name)
+        self.new = Names(self.graph).new
         self.front: list[onnx.NodeProto] = []
         self.domains: set[str] = set()
-
-    def new(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
-        return name
 
     def values(self, name: str) -> Optional[np.ndarray]:
         for t in self.graph.initializer:
