@@ -7,8 +7,9 @@ Latency is the median of interleaved batch-1 runs, as a ratio to the model it re
 "identical" compares every output bit for bit on the same input. The ``onnx`` form is
 compared with the weights-only folded model converted to the same opset, in sessions with
 ``session.disable_quant_qdq=1`` (otherwise onnxruntime fuses DequantizeLinear + MatMul into
-an int8 kernel of its own). Peak memory is the ru_maxrss of a fresh process that loads the
-model and runs it 10 times.
+an int8 kernel of its own). Peak memory is the peak RSS (VmHWM) of a fresh process that loads
+the model (the expanded form: loads the packed file and expands it in that process) and runs
+it 10 times.
 
     python benchmarks/weight_storage.py [--models rec det] [--configs MXFP4E2M1 ...]
 """
@@ -39,15 +40,22 @@ MODELS = {"rec": ("ch_PP-OCRv4_rec_infer.onnx", (1, 3, 48, 320)),
           "cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", (1, 3, 48, 192))}
 
 _RSS_SCRIPT = r"""
-import resource, sys, numpy as np, onnxruntime as ort
-path, libs, shape = sys.argv[1], [l for l in sys.argv[2].split(',') if l], sys.argv[3]
+import sys, numpy as np, onnx, onnxruntime as ort
+path, libs, shape, expand = sys.argv[1], [l for l in sys.argv[2].split(',') if l], sys.argv[3], sys.argv[4]
 so = ort.SessionOptions(); so.intra_op_num_threads = 1
 so.add_session_config_entry('session.disable_quant_qdq', '1')
 for l in libs: so.register_custom_ops_library(l)
-s = ort.InferenceSession(path, so, providers=['CPUExecutionProvider'])
+if expand == '1':
+    from ort_mx_ops.quantizer.storage import expand_packed_weights
+    model = expand_packed_weights(onnx.load(path)).SerializeToString()
+else:
+    model = path
+s = ort.InferenceSession(model, so, providers=['CPUExecutionProvider'])
+del model
 x = np.random.default_rng(0).random(tuple(int(d) for d in shape.split('x')), dtype=np.float32)
 for _ in range(10): s.run(None, {s.get_inputs()[0].name: x})
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# VmHWM: this process's peak RSS (ru_maxrss would include the parent's from before exec).
+print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))
 """
 
 
@@ -69,9 +77,11 @@ def _session(path: str, libs: Sequence[str]):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def _peak_rss_mb(path: str, libs: Sequence[str], shape: tuple[int, ...]) -> float:
+def _peak_rss_mb(path: str, libs: Sequence[str], shape: tuple[int, ...],
+                 expand: bool = False) -> float:
     out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, path, ",".join(libs),
-                          "x".join(map(str, shape))], check=True, capture_output=True, text=True)
+                          "x".join(map(str, shape)), "1" if expand else "0"], check=True,
+                         capture_output=True, text=True)
     return int(out.stdout.split()[-1]) / 1024
 
 
@@ -139,6 +149,7 @@ def measure(key: str, config: str, libs: list[str], tmp: str, runs: int) -> dict
     row["expanded_identical"] = _same(ref, _outputs(expanded, libs, x))
     row["rss_folded_mb"] = _peak_rss_mb(folded, libs, shape)
     row["rss_packed_mb"] = _peak_rss_mb(packed, libs, shape)
+    row["rss_expanded_mb"] = _peak_rss_mb(packed, libs, shape, expand=True)
     try:
         check_weight_storage("onnx", cfg.weight)
     except ValueError:
@@ -168,13 +179,14 @@ def _mb(n: Optional[int]) -> str:
 def markdown(rows: list[dict]) -> str:
     head = ("| model | config | float MB | folded MB | packed MB | onnx MB | packed latency × "
             "folded (ops / expanded at load) | onnx latency × folded | packed identical (ops / "
-            "expanded) | onnx identical | peak RSS MB folded / packed ops / onnx |\n"
+            "expanded) | onnx identical | peak RSS MB folded / packed ops / expanded / onnx |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|")
     lines = [head]
     for r in rows:
         yn = {True: "yes", False: "no", None: "–"}
         onnx_lat = f"{r['onnx_latency_x']:.2f}" if "onnx_latency_x" in r else "–"
-        rss = f"{r['rss_folded_mb']:.0f} / {r['rss_packed_mb']:.0f} / " + \
+        rss = f"{r['rss_folded_mb']:.0f} / {r['rss_packed_mb']:.0f} / " \
+            f"{r['rss_expanded_mb']:.0f} / " + \
             (f"{r['rss_onnx_mb']:.0f}" if "rss_onnx_mb" in r else "–")
         lines.append(
             f"| {r['model']} | {r['config']} | {_mb(r['float_bytes'])} | "
