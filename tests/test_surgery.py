@@ -483,3 +483,18 @@ def test_cli_tensor_never_writes_over_its_input_and_needs_a_mode(tmp_path, capsy
 def test_parse_tensor_flag_names_with_colons_and_equals():
     assert parse_tensor_flag("input:0=MX9:axis=-1") == ("input:0", "MX9", -1)
     assert parse_tensor_flag("a=b=MXINT8") == ("a=b", "MXINT8", None)
+
+
+# --------------------------------------------------------------------------------------
+# The README's example
+# --------------------------------------------------------------------------------------
+
+def test_readme_dropping_nodes_by_hand_example_prints_what_it_says(capsys):
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Dropping nodes by hand\n", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
+    assert capsys.readouterr().out == shown
