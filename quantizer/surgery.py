@@ -112,22 +112,30 @@ def _defines(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _rename_reads(graph: onnx.GraphProto, old: str, new: str, nested: bool = False) -> None:
-    """Every read of ``old`` in ``graph`` and its subgraphs reads ``new`` instead: node
-    inputs, and the outputs of subgraphs that return an outer tensor directly.  A subgraph
-    that defines ``old`` itself keeps its own."""
+def _rename_reads(graph: onnx.GraphProto, renames: Mapping[str, str],
+                  nested: bool = False) -> None:
+    """Every read of a name in ``renames`` in ``graph`` and its subgraphs reads the name it
+    maps to instead (followed through chains): node inputs, and the outputs of subgraphs
+    that return an outer tensor directly.  A subgraph that defines a name itself keeps its
+    own.  One pass, whatever the number of names."""
     if nested:
-        if old in _defines(graph):
-            return
+        own = _defines(graph) & set(renames)
+        if own:
+            renames = {k: v for k, v in renames.items() if k not in own}
         for out in graph.output:
-            if out.name == old:
-                out.name = new
+            out.name = _resolve(renames, out.name)
     for node in graph.node:
         for k, name in enumerate(node.input):
-            if name == old:
-                node.input[k] = new
+            if name in renames:
+                node.input[k] = _resolve(renames, name)
         for sub in _subgraphs(node):
-            _rename_reads(sub, old, new, nested=True)
+            _rename_reads(sub, renames, nested=True)
+
+
+def _resolve(renames: Mapping[str, str], name: str) -> str:
+    while name in renames:
+        name = renames[name]
+    return name
 
 
 def _readers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
@@ -379,18 +387,19 @@ def _insert(model: onnx.ModelProto, tensors: Mapping[str, Request], *, legacy_na
     after: dict[int, list[onnx.NodeProto]] = {}   # producer index (-1: none) -> new nodes
     new_inits: list[onnx.TensorProto] = []
     records = []
+    renames: dict[str, str] = {}   # tensor -> the quantized tensor its readers read
     for t, (spec, _) in wanted.items():
         axis, flatten, reason = chosen[t]
         if t in view.graph_outputs:
-            # The graph output keeps its name: the node writes it, the producer writes src.
+            # The graph output keeps its name: the node writes it (so its readers read the
+            # quantized tensor under the same name) and the producer writes src.
             src, dst = names.new(f"{t}_float"), t
-            _rename_reads(g, t, src)
             _rename_definition(g, view, t, src)
         else:
             src = t
             dst = names.new(f"{t}_DequantizeLinear_Output" if spec.op == "BF16"
                             else f"{t}_{spec.name}")
-            _rename_reads(g, t, dst)
+            renames[t] = dst
         shape = view.shape.get(t)
         flat_shape = shape if flatten and shape is not None and len(shape) > 2 else None
         emitted = factory.quantize(spec, src, dst, axis, elem_type=view.elem_type.get(t),
@@ -400,6 +409,7 @@ def _insert(model: onnx.ModelProto, tensors: Mapping[str, Request], *, legacy_na
         records.append(Inserted(t, spec.name, axis, reason, [n.op_type for n in emitted.nodes],
                                 dst))
 
+    _rename_reads(g, renames)   # before the new nodes join the graph: they read the originals
     rebuilt = list(after.get(-1, []))
     for idx, node in enumerate(g.node):
         rebuilt.append(node)
@@ -550,27 +560,25 @@ def _strip_graph(g: onnx.GraphProto, dropped_reads: set[str]) -> None:
     outputs = {o.name for o in g.output}
     inputs = {i.name for i in g.input}
     removed = {id(n) for u in units for n in u.nodes}
+    producer = {o: n for n in g.node if id(n) not in removed for o in n.output}
     identities: dict[int, list[onnx.NodeProto]] = {}  # id of a removed node -> nodes after it
-    alias: dict[str, str] = {}   # a name rewired away -> the name that replaced it
+    renames: dict[str, str] = {}   # a name rewired away -> the name that replaces it
     gone: set[str] = set()
     for u in units:
         for n in u.nodes:
             dropped_reads.update(i for i in n.input if i)
             gone.update(n.output)
-        source = u.source
-        while source in alias:  # an earlier unit renamed it (units in a chain)
-            source = alias[source]
+        source = _resolve(renames, u.source)  # an earlier unit may have renamed it (chains)
         for out in u.outputs:
-            producer = [n for n in g.node if id(n) not in removed and source in n.output]
             if out not in outputs:
-                _rename_reads(g, out, source)
-                alias[out] = source
-            elif source not in outputs and source not in inputs and producer:
+                renames[out] = source
+            elif source not in outputs and source not in inputs and source in producer:
                 # The graph output keeps its name: the producer writes it again.
-                _rename_reads(g, source, out)
-                producer[0].output[list(producer[0].output).index(source)] = out
+                node = producer.pop(source)
+                node.output[list(node.output).index(source)] = out
+                producer[out] = node
+                renames[source] = out
                 gone.add(source)
-                alias[source] = out
                 source = out
             else:
                 identities.setdefault(id(u.nodes[-1]), []).append(helper.make_node(
@@ -582,6 +590,7 @@ def _strip_graph(g: onnx.GraphProto, dropped_reads: set[str]) -> None:
         kept.extend(identities.get(id(n), []))
     del g.node[:]
     g.node.extend(kept)
+    _rename_reads(g, renames)
     still = {o for n in g.node for o in n.output}
     kept_vi = [vi for vi in g.value_info if vi.name not in gone or vi.name in still]
     if len(kept_vi) != len(g.value_info):

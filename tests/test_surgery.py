@@ -276,6 +276,23 @@ def test_insert_qdq_matches_quantize_model_axes():
     assert axes == by_tensor and len(by_tensor) >= 5
 
 
+def test_insert_qdq_graph_output_that_is_also_read():
+    """r1 is a graph output and Conv conv2's input: both see the quantized tensor, and the
+    output keeps its name."""
+    m = conv_model()
+    m.graph.output.append(helper.make_tensor_value_info("r1", F, None))
+    q = insert_qdq(m, {"r1": "MXFP6E2M3"})
+    assert [o.name for o in q.graph.output] == ["y", "r1"]
+    node = ours(q)[0]
+    assert (list(node.input), list(node.output)) == (["r1_float"], ["r1"])
+    assert next(n for n in q.graph.node if n.name == "relu1").output[0] == "r1_float"
+    assert next(n for n in q.graph.node if n.name == "conv2").input[0] == "r1"
+    feeds = feeds_for("conv", 1)
+    expected = expected_outputs(m, feeds, {"r1": lambda v: quantize_ref(v, "MXFP6E2M3", 1)})
+    assert_outputs_equal(run(q, feeds), expected)
+    assert strip_qdq(q) == m
+
+
 def test_insert_then_strip_gives_the_original_graph():
     m = conv_model()
     for legacy, cast in [(False, False), (True, True)]:
@@ -375,6 +392,11 @@ def test_ocr_model_insert_strip_and_reference():
         matmul.input[0]: lambda v: quantize_ref(v, "MXINT8", v.ndim - 1),
         out: lambda v: quantize_ref(v, "BF16", None)})
     assert_outputs_equal(run(q, {"x": x}), expected)
+    # every runtime node of a whole-model quantization (hundreds of them) comes out again
+    everything = quantize_model(m, None, "MXINT8", fold_weights=False,
+                                quantize_all_op_types=True).model
+    assert len(everything.graph.node) > len(g.node) + 300
+    assert strip_qdq(everything) == m
 
 
 # --------------------------------------------------------------------------------------
