@@ -310,6 +310,7 @@ def _handler_axis(view: ModelView, readers: dict, tensor: str) -> tuple[int, boo
     reasons = []
     for node, k in readers.get(tensor, []):
         if node.domain not in _ONNX_DOMAINS:
+            reasons.append(f"{node.op_type} {node.name!r} is in domain {node.domain!r}")
             continue
         choice = handler_for(node, view).block_axis(k)
         if choice.axis is not None:
@@ -514,7 +515,8 @@ def _reshaped(g: onnx.GraphProto, node: onnx.NodeProto, readers: dict, producer:
     first = producer.get(node.input[0])
     last = _only_reader(readers, node.output[0], outputs)
     if first is None or last is None or first.op_type != "Reshape" or \
-            last.op_type != "Reshape" or _only_reader(readers, first.output[0], outputs) is not node:
+            last.op_type != "Reshape" or \
+            _only_reader(readers, first.output[0], outputs) is not node:
         return None
     source = _const_value(g, first.input[0])
     shape = _const_value(g, last.input[1])
