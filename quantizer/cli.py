@@ -1,9 +1,5 @@
 """``ort-mx-quantize INPUT OUTPUT --config NAME``: the quantizer on the command line.
 
-``--tensor NAME=CONFIG[:axis=N]`` (repeatable) instead puts nodes on the named tensors only,
-with no automatic placement (``ort_mx_ops.quantizer.insert_qdq``); without ``:axis=N`` the
-tensor's reader chooses the axis as the quantizer does.
-
 Calibration data (needed only for ``--bf16-activation-scaled``) comes from ``--calib``, an
 .npz whose arrays are named after the model inputs with samples along axis 0 (one batch of
 one sample each), or from ``--calib-reader module:callable`` returning a
@@ -41,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="NAME",
                    help=f"format for activations and weights: {', '.join(config_names())}")
     p.add_argument("--tensor", action="append", metavar="NAME=CONFIG[:axis=N]",
-                   help="a node on this tensor only (repeatable; replaces --config)")
+                   help="a node on this tensor only, no automatic placement (repeatable; "
+                        "replaces --config; without :axis=N the tensor's reader chooses the "
+                        "axis as the quantizer does)")
     p.add_argument("--weight-config", metavar="NAME",
                    help="a different format for weights (e.g. --config BF16 "
                         "--weight-config MXINT8); 'none' keeps weights float")
