@@ -668,6 +668,8 @@ def run_tensor_flags(args: Any) -> int:
         ("--bf16-weight-scaled", args.bf16_weight_scaled),
         ("--bf16-activation-scaled", args.bf16_activation_scaled),
         ("--calib", args.calib), ("--calib-reader", args.calib_reader)) if given]
+    if not args.output:
+        return fail("--tensor needs an OUTPUT model path")
     if others:
         return fail(f"--tensor places nodes on the named tensors only; it does not combine "
                     f"with {', '.join(others)}")
