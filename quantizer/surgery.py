@@ -687,8 +687,8 @@ def run_tensor_flags(args: Any) -> int:
         requests[name] = (config, axis)
     try:
         if os.path.exists(args.input) and _same_file(args.input, args.output):
-            return fail(f"refusing to write over the input {args.input!r}; choose another "
-                        "output path")
+            return fail(f"--tensor: refusing to write over the input {args.input!r}; choose "
+                        "another output path")
         model, _ = _load(args.input)
         out, records = _insert(model, requests, legacy_names=args.legacy_names,
                                bf16_cast=args.bf16_cast)

@@ -494,8 +494,13 @@ def test_cli_tensor_never_writes_over_its_input_and_needs_a_mode(tmp_path, capsy
     onnx.save(conv_model(), str(src))
     data = src.read_bytes()
     assert cli.main([str(src), str(src), "--tensor", "r1=MX6"]) == 2
-    assert "refusing to write over the input" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(
+        "ort-mx-quantize: error: --tensor: refusing to write over the input")
     assert src.read_bytes() == data
+    assert cli.main([str(tmp_path / "missing.onnx"), str(tmp_path / "q.onnx"),
+                     "--tensor", "r1=MX6"]) == 2
+    assert capsys.readouterr().err.startswith("ort-mx-quantize: error: --tensor: model file "
+                                              "not found")
     with pytest.raises(SystemExit) as info:
         cli.main([str(src), str(tmp_path / "q.onnx")])
     assert info.value.code == 2
