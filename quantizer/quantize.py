@@ -71,10 +71,10 @@ def fold_weight(values: np.ndarray, spec: FormatSpec, axis: Optional[int],
 class _Names:
     """Fresh tensor and node names that collide with nothing in the graph."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    def __init__(self, graph: onnx.GraphProto, also_used: set[str] = frozenset()) -> None:
         self.used: set[str] = {i.name for i in graph.initializer} | \
             {i.name for i in graph.input} | {o.name for o in graph.output} | \
-            {n.name for n in graph.node}
+            {n.name for n in graph.node} | set(also_used)
         for n in graph.node:
             self.used.update(n.input)
             self.used.update(n.output)
@@ -88,15 +88,45 @@ class _Names:
         return name
 
 
-def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str]]:
+def _tensors(graph: onnx.GraphProto):
+    """Every TensorProto in ``graph``: initializers, tensor attributes, subgraphs'."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+            yield from a.tensors
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else []) + list(a.graphs):
+                yield from _tensors(g)
+
+
+def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str], set[str]]:
+    """The model (a copy of a ModelProto; a file with its external data read in), its path,
+    and the absolute paths of the files it is stored in (the model and its external data)."""
     if isinstance(model_input, onnx.ModelProto):
         m = onnx.ModelProto()
         m.CopyFrom(model_input)  # never modify the caller's object
-        return m, None
+        return m, None, set()
     path = os.fspath(model_input)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"model file not found: {path}")
-    return onnx.load(path, load_external_data=True), path
+        raise FileNotFoundError(f"input model not found: {path}")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and others on a corrupt file
+        raise ValueError(f"input model {path} is not a readable ONNX model "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not model.HasField("graph"):
+        raise ValueError(f"input model {path} is not an ONNX model (it has no graph)")
+    base = os.path.dirname(os.path.abspath(path))
+    files = {os.path.abspath(path)}
+    for t in _tensors(model.graph):
+        files.update(os.path.join(base, e.value) for e in t.external_data if e.key == "location")
+    try:
+        onnx.load_external_data_for_model(model, base)
+    except Exception as exc:
+        raise ValueError(f"cannot read the external data of input model {path} "
+                         f"({type(exc).__name__}: {exc})") from None
+    return model, path, files
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -122,19 +152,38 @@ def _tensor_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
+def _check_output_dir(path: str) -> None:
+    """Refuse, as ``cp`` does, an output whose directory does not exist or is a directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"output directory {directory} does not exist; create it "
+                                "first (nothing was written)")
+    if os.path.isdir(path):
+        raise ValueError(f"output {path} is a directory; give a file name")
+
+
 def save_model_atomic(model: onnx.ModelProto, path: str,
-                      external_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
+                      external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                      protected: frozenset[str] = frozenset()) -> list[str]:
     """Check ``model`` with ``onnx.checker`` and write it to ``path`` through a temporary file
     and ``os.replace``, so a reader never sees a half-written model.  Tensors go to
-    ``<name>.data`` beside it when they total ``external_threshold`` bytes or more."""
+    ``<name>.data`` beside it when they total ``external_threshold`` bytes or more (0: always).
+    Raises ``ValueError``, writing nothing, where a file to write is one of ``protected`` (the
+    input model and its external data files) and ``FileNotFoundError`` where the directory
+    does not exist.  Returns the paths written: the model, then its data file if any."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    _check_output_dir(path)
     external = _tensor_bytes(model) >= external_threshold
+    location = os.path.basename(path) + ".data"
+    targets = [path] + ([os.path.join(directory, location)] if external else [])
+    for target in targets:
+        if any(_same_file(p, target) for p in protected if os.path.exists(p)):
+            raise ValueError(f"refusing to write {target}: the input model is stored in that "
+                             "file; choose another output name")
     with tempfile.TemporaryDirectory(dir=directory, prefix=".ort-mx-quantize-") as tmp:
         tmp_model = os.path.join(tmp, os.path.basename(path))
         if external:
-            location = os.path.basename(path) + ".data"
             # Saving with external data rewrites the proto's tensors; keep the caller's intact.
             copy = onnx.ModelProto()
             copy.CopyFrom(model)
@@ -142,11 +191,12 @@ def save_model_atomic(model: onnx.ModelProto, path: str,
                             all_tensors_to_one_file=True, location=location,
                             size_threshold=1024, convert_attribute=True)
             onnx.checker.check_model(tmp_model)
-            os.replace(os.path.join(tmp, location), os.path.join(directory, location))
+            os.replace(os.path.join(tmp, location), targets[1])
         else:
             onnx.checker.check_model(model)
             onnx.save_model(model, tmp_model)
         os.replace(tmp_model, path)
+    return targets
 
 
 def _add_opset(model: onnx.ModelProto, domain: str) -> None:
@@ -157,7 +207,8 @@ def _add_opset(model: onnx.ModelProto, domain: str) -> None:
 def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os.PathLike]],
                    config: Union[str, QuantizationConfig],
                    calibration_data_reader: Optional[CalibrationDataReader] = None,
-                   *, progress: bool = False, **options: Any) -> QuantizationSummary:
+                   *, progress: bool = False, external_data: bool = False,
+                   **options: Any) -> QuantizationSummary:
     """Quantize ``model_input`` (a path or a ModelProto, which is left untouched) with
     ``config`` (a built-in name such as ``"MXFP8E4M3"``, or a :class:`QuantizationConfig`)
     and write the result to ``model_output`` (None: only return it, as ``summary.model``).
@@ -175,15 +226,23 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
 
     The output keeps the input's IR version, opsets, graph inputs, outputs and tensor names,
     imports the custom domains it uses at version 1, passes ``onnx.checker``, and is never
-    written over the input file.  Returns a :class:`QuantizationSummary`."""
+    written over the input file or any file the input keeps its tensors in (that is an
+    error).  Its tensors go to ``<output>.data`` beside it with ``external_data=True``, or
+    when they need it (2 GiB and more).  The output's directory must exist
+    (``FileNotFoundError`` otherwise).  Tensors that subgraphs (If, Loop, Scan) read keep
+    their float values: subgraphs are not quantized.  Returns a
+    :class:`QuantizationSummary`."""
     start = time.perf_counter()
     cfg = get_config(config, **options)
-    if model_output is not None and not isinstance(model_input, onnx.ModelProto):
-        if _same_file(os.fspath(model_input), os.fspath(model_output)):
+    if model_output is not None:
+        _check_output_dir(os.fspath(model_output))
+        if not isinstance(model_input, onnx.ModelProto) and \
+                _same_file(os.fspath(model_input), os.fspath(model_output)):
             raise ValueError(f"refusing to write the quantized model over its input "
                              f"{os.fspath(model_input)!r}; choose another output path")
-    model, in_path = _load(model_input)
-    input_bytes = os.path.getsize(in_path) if in_path else model.ByteSize()
+    model, in_path, in_files = _load(model_input)
+    input_bytes = sum(os.path.getsize(f) for f in in_files if os.path.isfile(f)) if in_path \
+        else model.ByteSize()
     uses_bf16 = any(s is not None and s.op == "BF16"
                     for s in (cfg.activation, cfg.weight, *cfg.tensor_formats.values()))
     if uses_bf16 and cfg.bf16_qdq_to_cast and _default_opset(model) < 13:
@@ -193,6 +252,9 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
 
     view = ModelView(model, base_dir=os.path.dirname(in_path) if in_path else None)
     plan = plan_model(view, cfg)
+    for node in view.subgraph_nodes:
+        plan.skipped.append(f"subgraphs of {node}: not quantized (they keep reading the "
+                            "float tensors)")
 
     # Ranges, where a BF16 scale is derived from them.
     act_scales: dict[str, float] = {}
@@ -216,13 +278,10 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
         sites=records, skipped=plan.skipped, conflicts=plan.conflicts,
         input_bytes=input_bytes, model=model)
     if model_output is not None:
-        save_model_atomic(model, os.fspath(model_output))
-        out = os.fspath(model_output)
-        summary.output_bytes = os.path.getsize(out)
-        data = out + ".data"
-        if os.path.exists(data) and any(
-                e.key == "location" for t in model.graph.initializer for e in t.external_data):
-            summary.output_bytes += os.path.getsize(data)
+        written = save_model_atomic(model, os.fspath(model_output),
+                                    0 if external_data else EXTERNAL_DATA_THRESHOLD,
+                                    frozenset(in_files))
+        summary.output_bytes = sum(os.path.getsize(p) for p in written)
     else:
         onnx.checker.check_model(model)
         summary.output_bytes = model.ByteSize()
@@ -244,7 +303,7 @@ class _Rewriter:
     def __init__(self, model: onnx.ModelProto, view: ModelView, cfg: QuantizationConfig):
         self.model, self.view, self.cfg = model, view, cfg
         self.graph = model.graph
-        self.names = _Names(self.graph)
+        self.names = _Names(self.graph, view.subgraph_names)
         self.before: dict[int, list[onnx.NodeProto]] = {}
         self.new_inits: list[onnx.TensorProto] = []
         self.domains: set[str] = set()
@@ -291,8 +350,10 @@ class _Rewriter:
         scale = self._weight_scale(site, values)
         folded = fold_weight(values, site.spec, site.axis, scale, site.flatten)
         all_consumers = self.view.consumers.get(site.tensor, [])
+        # A graph output or a tensor a subgraph reads must keep its float values.
         exclusive = len(all_consumers) == len(site.consumers) and \
-            site.tensor not in self.view.graph_outputs
+            site.tensor not in self.view.graph_outputs and \
+            site.tensor not in self.view.subgraph_names
         if exclusive:
             # Every reader gets the quantized values: replace the tensor under its own name.
             new_t = numpy_helper.from_array(folded, site.tensor)
