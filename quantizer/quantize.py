@@ -109,7 +109,8 @@ def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str], set[
         return m, None, set()
     path = os.fspath(model_input)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"input model not found: {path}")
+        raise FileNotFoundError(f"input model {path} is not a file" if os.path.exists(path)
+                                else f"input model not found: {path}")
     try:
         model = onnx.load(path, load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and others on a corrupt file

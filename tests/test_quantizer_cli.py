@@ -111,6 +111,8 @@ def test_cli_error_paths_name_the_flag(tmp_path, capsys, monkeypatch):
     onnx.save(conv_model(opset=12), str(opset12))
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"this is not an onnx model\n" * 10)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
     bad_npz = tmp_path / "bad.npz"
     bad_npz.write_bytes(b"not a zip")
     good_npz = tmp_path / "calib.npz"
@@ -121,6 +123,8 @@ def test_cli_error_paths_name_the_flag(tmp_path, capsys, monkeypatch):
     cases = [
         ([corrupt, dst, "--config", "MX6"], "corrupt.onnx is not a readable ONNX model"),
         ([tmp_path / "none.onnx", dst, "--config", "MX6"], "input model not found"),
+        ([empty, dst, "--config", "MX6"], "empty.onnx is not an ONNX model (it has no graph)"),
+        ([tmp_path, dst, "--config", "MX6"], "is not a file"),
         ([src, dst], "--config"),                                      # missing flag
         ([src, dst, "--config", "FP3"], "--config: unknown config 'FP3'"),
         ([src, dst, "--config", "none"], "--config: unknown config 'none'"),
