@@ -192,7 +192,10 @@ def save_model_atomic(model: onnx.ModelProto, path: str,
                             all_tensors_to_one_file=True, location=location,
                             size_threshold=1024, convert_attribute=True)
             onnx.checker.check_model(tmp_model)
-            os.replace(os.path.join(tmp, location), targets[1])
+            if os.path.exists(os.path.join(tmp, location)):
+                os.replace(os.path.join(tmp, location), targets[1])
+            else:  # every tensor was under 1 KiB: all stayed in the model
+                targets.pop()
         else:
             onnx.checker.check_model(model)
             onnx.save_model(model, tmp_model)

@@ -195,3 +195,15 @@ def test_missing_output_directory_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="output directory .*missing.* does not exist"):
         quantize_model(str(src), str(tmp_path / "missing" / "q.onnx"), "MX6")
     assert sorted(os.listdir(tmp_path)) == ["f.onnx"]
+
+
+def test_external_data_option_on_a_model_of_small_tensors(tmp_path):
+    # Tensors under 1 KiB stay in the model: no data file, and the sizes still add up.
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", F, [2, 8])],
+                          [helper.make_tensor_value_info("y", F, [2, 4])],
+                          [numpy_helper.from_array(np.ones((8, 4), np.float32), "W")])
+    model = helper.make_model(g, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+    s = quantize_model(model, str(tmp_path / "q.onnx"), "MXINT8", external_data=True)
+    assert sorted(os.listdir(tmp_path)) == ["q.onnx"]
+    assert s.output_bytes == (tmp_path / "q.onnx").stat().st_size
