@@ -71,10 +71,10 @@ def fold_weight(values: np.ndarray, spec: FormatSpec, axis: Optional[int],
 class _Names:
     """Fresh tensor and node names that collide with nothing in the graph."""
 
-    def __init__(self, graph: onnx.GraphProto, also_used: set[str] = frozenset()) -> None:
+    def __init__(self, graph: onnx.GraphProto) -> None:
         self.used: set[str] = {i.name for i in graph.initializer} | \
             {i.name for i in graph.input} | {o.name for o in graph.output} | \
-            {n.name for n in graph.node} | set(also_used)
+            {n.name for n in graph.node}
         for n in graph.node:
             self.used.update(n.input)
             self.used.update(n.output)
@@ -86,6 +86,25 @@ class _Names:
             name = f"{base}_{k}"
         self.used.add(name)
         return name
+
+
+def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str]]:
+    if isinstance(model_input, onnx.ModelProto):
+        m = onnx.ModelProto()
+        m.CopyFrom(model_input)  # never modify the caller's object
+        return m, None
+    path = os.fspath(model_input)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input model {path} is not a file" if os.path.exists(path)
+                                else f"model file not found: {path}")
+    try:
+        model = onnx.load(path, load_external_data=True)
+    except Exception as exc:  # protobuf's DecodeError, a missing external data file, ...
+        raise ValueError(f"input model {path} is not a readable ONNX model "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not model.HasField("graph"):
+        raise ValueError(f"input model {path} is not an ONNX model (it has no graph)")
+    return model, path
 
 
 def _tensors(graph: onnx.GraphProto):
@@ -100,34 +119,31 @@ def _tensors(graph: onnx.GraphProto):
                 yield from _tensors(g)
 
 
-def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str], set[str]]:
-    """The model (a copy of a ModelProto; a file with its external data read in), its path,
-    and the absolute paths of the files it is stored in (the model and its external data)."""
-    if isinstance(model_input, onnx.ModelProto):
-        m = onnx.ModelProto()
-        m.CopyFrom(model_input)  # never modify the caller's object
-        return m, None, set()
-    path = os.fspath(model_input)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"input model {path} is not a file" if os.path.exists(path)
-                                else f"input model not found: {path}")
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError and others on a corrupt file
-        raise ValueError(f"input model {path} is not a readable ONNX model "
-                         f"({type(exc).__name__}: {exc})") from None
-    if not model.HasField("graph"):
-        raise ValueError(f"input model {path} is not an ONNX model (it has no graph)")
-    base = os.path.dirname(os.path.abspath(path))
-    files = {os.path.abspath(path)}
-    for t in _tensors(model.graph):
-        files.update(os.path.join(base, e.value) for e in t.external_data if e.key == "location")
-    try:
-        onnx.load_external_data_for_model(model, base)
-    except Exception as exc:
-        raise ValueError(f"cannot read the external data of input model {path} "
-                         f"({type(exc).__name__}: {exc})") from None
-    return model, path, files
+def _refuse_input_files(targets: list[str], input_model: str) -> None:
+    """``ValueError`` if a path in ``targets`` is ``input_model`` or a file that model keeps
+    tensors in (its external data): those must never be written."""
+    existing = [t for t in targets if os.path.exists(t)]
+    if not existing:
+        return  # nothing there to overwrite; no need to read the input again
+    header = onnx.load(input_model, load_external_data=False)
+    base = os.path.dirname(os.path.abspath(input_model))
+    stored = {os.path.abspath(input_model)} | {
+        os.path.join(base, e.value) for t in _tensors(header.graph)
+        for e in t.external_data if e.key == "location"}
+    for target in existing:
+        if any(os.path.exists(p) and os.path.samefile(p, target) for p in stored):
+            raise ValueError(f"refusing to write {target}: the input model is stored in that "
+                             "file; choose another output name")
+
+
+def _check_output_dir(path: str) -> None:
+    """Refuse, as ``cp`` does, an output whose directory does not exist, or a directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"output directory {directory} does not exist; create it "
+                                "first (nothing was written)")
+    if os.path.isdir(path):
+        raise ValueError(f"output {path} is a directory; give a file name")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -153,35 +169,24 @@ def _tensor_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
-def _check_output_dir(path: str) -> None:
-    """Refuse, as ``cp`` does, an output whose directory does not exist or is a directory."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"output directory {directory} does not exist; create it "
-                                "first (nothing was written)")
-    if os.path.isdir(path):
-        raise ValueError(f"output {path} is a directory; give a file name")
-
-
 def save_model_atomic(model: onnx.ModelProto, path: str,
                       external_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                      protected: frozenset[str] = frozenset()) -> list[str]:
+                      input_model: Optional[str] = None) -> list[str]:
     """Check ``model`` with ``onnx.checker`` and write it to ``path`` through a temporary file
     and ``os.replace``, so a reader never sees a half-written model.  Tensors go to
-    ``<name>.data`` beside it when they total ``external_threshold`` bytes or more (0: always).
-    Raises ``ValueError``, writing nothing, where a file to write is one of ``protected`` (the
-    input model and its external data files) and ``FileNotFoundError`` where the directory
-    does not exist.  Returns the paths written: the model, then its data file if any."""
+    ``<name>.data`` beside it when they total ``external_threshold`` bytes or more (0: always;
+    tensors under 1 KiB stay in the model).  Writes nothing and raises ``FileNotFoundError``
+    where the directory does not exist, ``ValueError`` where a file to write is
+    ``input_model`` or one of its external data files.  Returns the paths written: the
+    model, then its data file if any."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
     _check_output_dir(path)
     external = _tensor_bytes(model) >= external_threshold
     location = os.path.basename(path) + ".data"
     targets = [path] + ([os.path.join(directory, location)] if external else [])
-    for target in targets:
-        if any(_same_file(p, target) for p in protected if os.path.exists(p)):
-            raise ValueError(f"refusing to write {target}: the input model is stored in that "
-                             "file; choose another output name")
+    if input_model is not None:
+        _refuse_input_files(targets, input_model)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".ort-mx-quantize-") as tmp:
         tmp_model = os.path.join(tmp, os.path.basename(path))
         if external:
@@ -217,6 +222,12 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     ``config`` (a built-in name such as ``"MXFP8E4M3"``, or a :class:`QuantizationConfig`)
     and write the result to ``model_output`` (None: only return it, as ``summary.model``).
 
+    Files: ``model_output``'s directory must exist (``FileNotFoundError`` otherwise, before
+    any work); neither the input file nor a file it keeps tensors in is ever written
+    (``ValueError``); the tensors go to ``<output>.data`` beside the model with
+    ``external_data=True``, and always from 2 GiB.  Subgraphs (If, Loop, Scan) are not
+    quantized: what they read keeps its float values.
+
     ``options`` override config fields: ``activation`` / ``weight`` (a FormatSpec, a built-in
     name, or None for float: ``quantize_model(m, out, "MXFP4E2M1", activation="MXINT8")``
     gives 4-bit weights and 8-bit activations, ``activation=None`` weight-only),
@@ -230,23 +241,17 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
 
     The output keeps the input's IR version, opsets, graph inputs, outputs and tensor names,
     imports the custom domains it uses at version 1, passes ``onnx.checker``, and is never
-    written over the input file or any file the input keeps its tensors in (that is an
-    error).  Its tensors go to ``<output>.data`` beside it with ``external_data=True``, or
-    when they need it (2 GiB and more).  The output's directory must exist
-    (``FileNotFoundError`` otherwise).  Tensors that subgraphs (If, Loop, Scan) read keep
-    their float values: subgraphs are not quantized.  Returns a
-    :class:`QuantizationSummary`."""
+    written over the input file.  Returns a :class:`QuantizationSummary`."""
     start = time.perf_counter()
     cfg = get_config(config, **options)
     if model_output is not None:
-        _check_output_dir(os.fspath(model_output))
-        if not isinstance(model_input, onnx.ModelProto) and \
-                _same_file(os.fspath(model_input), os.fspath(model_output)):
+        _check_output_dir(os.fspath(model_output))  # before any work, as cp does
+    if model_output is not None and not isinstance(model_input, onnx.ModelProto):
+        if _same_file(os.fspath(model_input), os.fspath(model_output)):
             raise ValueError(f"refusing to write the quantized model over its input "
                              f"{os.fspath(model_input)!r}; choose another output path")
-    model, in_path, in_files = _load(model_input)
-    input_bytes = sum(os.path.getsize(f) for f in in_files if os.path.isfile(f)) if in_path \
-        else model.ByteSize()
+    model, in_path = _load(model_input)
+    input_bytes = os.path.getsize(in_path) if in_path else model.ByteSize()
     uses_bf16 = any(s is not None and s.op == "BF16"
                     for s in (cfg.activation, cfg.weight, *cfg.tensor_formats.values()))
     if uses_bf16 and cfg.bf16_qdq_to_cast and _default_opset(model) < 13:
@@ -256,9 +261,6 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
 
     view = ModelView(model, base_dir=os.path.dirname(in_path) if in_path else None)
     plan = plan_model(view, cfg)
-    for node in view.subgraph_nodes:
-        plan.skipped.append(f"subgraphs of {node}: not quantized (they keep reading the "
-                            "float tensors)")
 
     # Ranges, where a BF16 scale is derived from them.
     act_scales: dict[str, float] = {}
@@ -283,8 +285,7 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
         input_bytes=input_bytes, model=model)
     if model_output is not None:
         written = save_model_atomic(model, os.fspath(model_output),
-                                    0 if external_data else EXTERNAL_DATA_THRESHOLD,
-                                    frozenset(in_files))
+                                    0 if external_data else EXTERNAL_DATA_THRESHOLD, in_path)
         summary.output_bytes = sum(os.path.getsize(p) for p in written)
     else:
         onnx.checker.check_model(model)
@@ -307,11 +308,13 @@ class _Rewriter:
     def __init__(self, model: onnx.ModelProto, view: ModelView, cfg: QuantizationConfig):
         self.model, self.view, self.cfg = model, view, cfg
         self.graph = model.graph
-        self.names = _Names(self.graph, view.subgraph_names)
+        self.names = _Names(self.graph)
+        self.names.used |= view.subgraph_names  # a new name must not shadow a subgraph's
         self.before: dict[int, list[onnx.NodeProto]] = {}
         self.new_inits: list[onnx.TensorProto] = []
         self.domains: set[str] = set()
-        self.skipped: list[str] = []
+        self.skipped: list[str] = [f"subgraphs of {node}: not quantized (they keep reading "
+                                   "the float tensors)" for node in view.subgraph_nodes]
         self.factory = NodeFactory(self.names.new, legacy_names=cfg.legacy_names,
                                    bf16_cast=cfg.bf16_qdq_to_cast)
 

@@ -45,8 +45,8 @@ def test_cli_mixed_formats_and_bf16_calibration(tmp_path, capsys):
 def test_cli_errors_are_reported_not_raised(tmp_path, capsys):
     src = tmp_path / "f.onnx"
     onnx.save(conv_model(), str(src))
-    assert cli.main([str(src), str(tmp_path / "q.onnx"), "--config", "FP3"]) == 2
-    assert "--config: unknown config 'FP3'" in capsys.readouterr().err
+    assert "--config: unknown config 'FP3'" in _cli_error(
+        [src, tmp_path / "q.onnx", "--config", "FP3"], capsys)
     assert cli.main([str(src), str(src), "--config", "MX6"]) == 2
     assert "refusing to write" in capsys.readouterr().err
 
@@ -94,8 +94,8 @@ def _cli_error(argv, capsys) -> str:
     """Run the CLI, expecting an error: returns its one stderr line."""
     try:
         rc = cli.main([str(a) for a in argv])
-    except SystemExit as exc:  # argparse must not exit on its own
-        rc = ("SystemExit", exc.code)
+    except SystemExit as exc:  # the parser's errors exit, with the same one line
+        rc = exc.code
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert rc == 2, (rc, captured.err)
@@ -122,7 +122,7 @@ def test_cli_error_paths_name_the_flag(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     cases = [
         ([corrupt, dst, "--config", "MX6"], "corrupt.onnx is not a readable ONNX model"),
-        ([tmp_path / "none.onnx", dst, "--config", "MX6"], "input model not found"),
+        ([tmp_path / "none.onnx", dst, "--config", "MX6"], "model file not found"),
         ([empty, dst, "--config", "MX6"], "empty.onnx is not an ONNX model (it has no graph)"),
         ([tmp_path, dst, "--config", "MX6"], "is not a file"),
         ([src, dst], "--config"),                                      # missing flag
@@ -135,13 +135,13 @@ def test_cli_error_paths_name_the_flag(tmp_path, capsys, monkeypatch):
           "none"], "--activation-config none and --weight-config none"),
         ([src, dst, "--config", "MX6", "--placement", "fancy"], "--placement"),
         ([src, dst, "--config", "BF16", "--bf16-activation-scaled"],
-         "--bf16-activation-scaled needs calibration data: --calib"),
+         "--bf16-activation-scaled needs --calib or --calib-reader"),
         ([src, dst, "--config", "BF16", "--bf16-activation-scaled", "--calib",
           tmp_path / "missing.npz"], "--calib: cannot read"),
         ([src, dst, "--config", "BF16", "--bf16-activation-scaled", "--calib", bad_npz],
          "--calib: cannot read"),
         ([src, dst, "--config", "BF16", "--bf16-activation-scaled", "--calib", good_npz,
-          "--calib-batch", "0"], "--calib-batch must be >= 1"),
+          "--calib-batch", "0"], "--calib-batch: must be an integer >= 1"),
         ([src, dst, "--config", "BF16", "--calib-reader", "no_such_module_xyz:make"],
          "--calib-reader: cannot import module 'no_such_module_xyz'"),
         ([src, dst, "--config", "BF16", "--calib-reader", "fake_reader_mod"],
@@ -157,14 +157,17 @@ def test_cli_error_paths_name_the_flag(tmp_path, capsys, monkeypatch):
          "output directory " + str(tmp_path / "no_dir") + " does not exist"),
         ([src, tmp_path, "--config", "MX6"], "is a directory"),
         ([src, src, "--config", "MX6"], "refusing to write"),
-        ([src, dst, "--config", "MX6", "--summary-json", tmp_path / "no_dir" / "s.json"],
-         "--summary-json: directory of"),
     ]
     for argv, expected in cases:
         line = _cli_error(argv, capsys)
         assert expected in line, (argv, line)
     # Nothing was written by any of them, and no directory was created.
     assert not dst.exists() and not (tmp_path / "no_dir").exists()
+    # A summary that cannot be written: the model was, and the line says so.
+    line = _cli_error([src, dst, "--config", "MX6", "--quiet", "--summary-json",
+                       tmp_path / "no_dir" / "s.json"], capsys)
+    assert "--summary-json: cannot write" in line and f"written to {dst}" in line
+    assert dst.exists()
 
 
 def test_cli_external_data_flag_and_collision(tmp_path, capsys):
