@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ort_mx_ops.formats import FormatSpec, OPS, block_op
 
-__all__ = ["Emitted", "NodeFactory", "Names"]
+__all__ = ["Emitted", "NodeFactory"]
 
 
 @dataclass
@@ -130,24 +130,4 @@ class NodeFactory:
     def _const(self, base: str, value: np.ndarray, out: Emitted) -> str:
         name = self.new_name(base)
         out.initializers.append(numpy_helper.from_array(value, name))
-        return name
-
-
-class Names:
-    """Fresh tensor and node names that collide with nothing in the graph."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.used: set[str] = {i.name for i in graph.initializer} | \
-            {i.name for i in graph.input} | {o.name for o in graph.output} | \
-            {n.name for n in graph.node}
-        for n in graph.node:
-            self.used.update(n.input)
-            self.used.update(n.output)
-
-    def new(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.used:
-            k += 1
-            name = f"{base}_{k}"
-        self.used.add(name)
         return name

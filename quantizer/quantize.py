@@ -21,7 +21,7 @@ from ort_mx_ops import reference
 from .calibration import collect_abs_max, CalibrationDataReader
 from .config import QuantizationConfig, FormatSpec, get_config
 from .graph import ModelView
-from .nodes import NodeFactory, Names as _Names
+from .nodes import NodeFactory
 from .placement import plan_model, Site
 from .storage import StoredWeight, apply_weight_storage, check_weight_storage
 from .summary import QuantizationSummary, SiteRecord
@@ -67,6 +67,26 @@ def fold_weight(values: np.ndarray, spec: FormatSpec, axis: Optional[int],
         raise RuntimeError(f"native {spec.op} kernel returned {out.dtype}{out.shape} for "
                            f"{values.dtype}{values.shape}")
     return out
+
+
+class _Names:
+    """Fresh tensor and node names that collide with nothing in the graph."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.used: set[str] = {i.name for i in graph.initializer} | \
+            {i.name for i in graph.input} | {o.name for o in graph.output} | \
+            {n.name for n in graph.node}
+        for n in graph.node:
+            self.used.update(n.input)
+            self.used.update(n.output)
+
+    def new(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
 
 
 def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str]]:

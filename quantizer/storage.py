@@ -26,7 +26,6 @@ from ort_mx_ops import packing
 from ort_mx_ops.formats import PRODUCT_DOMAIN
 
 from .config import WEIGHT_STORAGES, FormatSpec
-from .nodes import Names
 
 __all__ = ["WEIGHT_STORAGES", "StoredWeight", "apply_weight_storage", "check_weight_storage",
            "expand_packed_weights",
@@ -71,8 +70,9 @@ class _Graph:
     """Replaces weight tensors of the main graph by nodes computing the same values."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
+        from .quantize import _Names  # here: quantize imports this module
         self.model, self.graph = model, model.graph
-        self.new = Names(self.graph).new
+        self.new = _Names(self.graph).new
         self.front: list[onnx.NodeProto] = []
         self.domains: set[str] = set()
 
