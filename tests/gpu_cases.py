@@ -1,19 +1,32 @@
 """Cases and drivers shared by the GPU kernel tests (test_gpu_kernels.py on a real device,
 test_gpu_emulated.py on host threads): tensors, attributes and the C entry points of the GPU
-library (csrc/cuda/test_entry.cu), checked bit for bit against the CPU kernels.
+test library (csrc/cuda/test_entry.cu; setup.py links it beside each GPU library into
+build/gpu-tests/, never into the installed package), checked bit for bit against the CPU
+kernels.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from pathlib import Path
+
 from ort_mx_ops import _native
 from ort_mx_ops.formats import CONFIGS
 
 DTYPES = ("float32", "float16", "bfloat16")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_library_path(backend: str) -> Path:
+    """Where setup.py puts the test library of `backend` ("CUDA" or "ROCM");
+    $MXOPS_GPU_TEST_LIB_DIR overrides the folder."""
+    folder = Path(os.environ.get("MXOPS_GPU_TEST_LIB_DIR", ROOT / "build" / "gpu-tests"))
+    return folder / f"libort_mx_ops_{backend.lower()}_tests.so"
 
 # Values that exercise every special path: zeros of both signs, infinities, NaNs with
 # payloads, float32 subnormals and float16 subnormals, values near float max.
@@ -21,6 +34,11 @@ SPECIALS_F32 = np.array(
     [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-40, -1e-40, 3e38, -3.4e38, 1e-45,
      6e-8, -6e-8, 65504.0, 65520.0, 0.5, -0.5, 1.5, -2.5, 1e-20, 5.877e-39],
     dtype=np.float32)
+# Output buffers start as these signalling-NaN patterns, which no kernel writes: computed NaNs
+# are quiet, and a float32 NaN passed through unchanged comes from the input, whose tensors
+# (make_input) never hold them. An element left unwritten therefore shows as this pattern.
+POISON = {"float32": 0x7FA5A5A5, "float16": 0x7D5A, "bfloat16": 0x7FA5}
+POISON_BY_ITEMSIZE = {4: POISON["float32"], 2: POISON["bfloat16"]}
 NAN_PAYLOADS_F32 = np.array([0x7fc00001, 0xffc12345, 0x7f800001, 0x7fffffff], dtype=np.uint32)
 
 

@@ -19,9 +19,9 @@ MX = ("MXQuantizeDequantize", "com.amd.quark")
 
 # (op, attributes, words the message must contain)
 BAD_ATTRIBUTES = [
-    (BFP, {"block_size": 0}, ["block_size", "0", ">= 1"]),
+    (BFP, {"block_size": 0}, ["block_size", "0", "1 to 1073741824"]),
     (BFP, {"block_size": -4}, ["block_size", "-4"]),
-    (MX, {"block_size": 0}, ["block_size", ">= 1"]),
+    (MX, {"block_size": 0}, ["block_size", "1 to 1073741824"]),
     (BFP, {"bfp_method": "to_bfp_fancy"}, ["bfp_method", "to_bfp_fancy", "to_bfp_prime"]),
     (MX, {"element_dtype": "fp3_e1m1"}, ["element_dtype", "fp3_e1m1", "fp8_e4m3", "int8"]),
     (BFP, {"bit_width": 9}, ["bit_width", "10..32"]),

@@ -3,6 +3,8 @@ SPEC section 3, non-default attributes, axes, ranks 1 to 5, lengths not divisibl
 block, float32 / float16 / bfloat16, and special values."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -46,7 +48,7 @@ def check(op: str, attrs: dict, x32: np.ndarray, elem: str, legacy: bool = False
 def test_configs_layouts_dtypes(config: str, layout, elem: str) -> None:
     shape, axis = layout
     cfg = BLOCK_CONFIGS[config]
-    rng = np.random.default_rng(abs(hash((config, shape, elem))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((config, shape, elem)).encode()))  # stable across runs
     check(cfg.op, dict(cfg.attrs, axis=axis), sample_tensor(shape, rng), elem, threads=2)
 
 

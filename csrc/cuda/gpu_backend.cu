@@ -1,4 +1,4 @@
-// mxops::gpu (csrc/common/gpu_backend.h) for CUDA, and for ROCm when hipcc compiles this same
+// mxops::gpu (csrc/cuda/gpu_backend.h) for CUDA, and for ROCm when hipcc compiles this same
 // file: the launchers the ORT kernels call. Everything runs on the caller's stream; nothing
 // allocates or synchronises.
 #include "gpu_runtime.h"  // first: see qdq_kernels.cuh
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "../common/bf16_qdq.h"
-#include "../common/gpu_backend.h"
+#include "gpu_backend.h"
 #include "qdq_launch.h"
 
 namespace mxops::gpu {
