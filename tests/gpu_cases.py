@@ -127,7 +127,7 @@ SHAPES_OUTER = [((2, 19, 33), 1), ((40, 3), 0), ((3, 20, 2, 5), 1), ((64, 8), 0)
 
 
 def config_cases(shapes=SHAPES_INNER + SHAPES_OUTER, dtypes=DTYPES) -> Iterator[Case]:
-    """Every configuration of SPEC section 3 (except BF16, a Q/DQ pair), each dtype, inner
+    """Every built-in configuration (except BF16, a Q/DQ pair), each dtype, inner
     and outer axes, odd lengths."""
     seed = 0
     for name, cfg in CONFIGS.items():
@@ -269,7 +269,7 @@ def call_bf16_qdq(lib: ctypes.CDLL, direction: int, shape: tuple[int, ...], axis
 
 def bf16_reference(direction: int, x: np.ndarray, scale: np.ndarray, zp: np.ndarray,
                    axis: int) -> np.ndarray:
-    """SPEC 2.4 in numpy: y = bfloat16(x / scale + zp) (NaN -> 0x7FC1), x = (y - zp) * scale."""
+    """The BF16 quantize / dequantize in numpy: y = bfloat16(x / scale + zp) (NaN -> 0x7FC1), x = (y - zp) * scale."""
     shape = x.shape
     if scale.size > 1:
         ax = axis % x.ndim

@@ -1,5 +1,5 @@
 """Bad input gets a clear ONNX Runtime error naming the op, the attribute and what is allowed,
-and never takes the process down (SPEC 2.1). The risky cases also run in a child process to
+and never takes the process down. The risky cases also run in a child process to
 prove the process survives them."""
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_native_module_errors_are_value_errors() -> None:
 
 
 def test_process_survives_every_bad_input() -> None:
-    """Every bad input of SPEC 2.1 in a child process: each must raise, and the child must
+    """Every bad input in a child process: each must raise, and the child must
     exit normally afterwards (no abort, no crash)."""
     script = textwrap.dedent(f"""
         import sys, numpy as np

@@ -1,5 +1,5 @@
-"""The ONNX Runtime ops against ort_mx_ops.reference, bit for bit: every configuration of
-SPEC section 3, non-default attributes, axes, ranks 1 to 5, lengths not divisible by the
+"""The ONNX Runtime ops against ort_mx_ops.reference, bit for bit: every built-in
+configuration, non-default attributes, axes, ranks 1 to 5, lengths not divisible by the
 block, float32 / float16 / bfloat16, and special values."""
 from __future__ import annotations
 

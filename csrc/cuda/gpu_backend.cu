@@ -41,7 +41,7 @@ __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t length, int64_t
   return i / inner % length;
 }
 
-// The BF16 quantize and dequantize of SPEC 2.4 as element functions, so that one
+// The BF16 quantize and dequantize (bf16_qdq.h) as element functions, so that one
 // grid-stride kernel serves both directions.
 struct Bf16QuantizeElement {
   MXOPS_HD uint16_t operator()(float x, float s, uint16_t z) const { return bf16_quantize(x, s, z); }
