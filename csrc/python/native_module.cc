@@ -157,6 +157,13 @@ PYBIND11_MODULE(_native, m) {
   m.def("quantize_dequantize", &quantize_dequantize, py::arg("op"), py::arg("x"),
         py::arg("attrs"), py::arg("dtype") = "", py::arg("threads") = 1,
         "Block quantize-dequantize of x; op is \"BFP\" or \"MX\"; attrs as the ONNX node's.");
+  m.def("cpu_isa", [] {
+    try {
+      return std::string(cpu::isa_name(cpu::selected_isa()));
+    } catch (const InvalidArgument& e) {
+      throw py::value_error(e.message);
+    }
+  }, "The CPU kernels' instruction-set path that runs now: \"scalar\", \"avx2\" or \"avx512\".");
   m.def("catalogue", &catalogue,
         "The ops (names, domains, kinds, attributes with type, default, min, max, allowed "
         "values), MX element formats and bfp_method names, from the tables the validation reads.");
