@@ -54,10 +54,13 @@ AttributeValue probe(const OrtKernelInfo* info, const std::string& name) {
       v.s.resize(size > 0 ? size - 1 : 0);
   } else if (ok(api().KernelInfoGetAttribute_float(info, n, &f))) {
     v.type = FoundType::kFloat;
-  } else if (ok(api().KernelInfoGetAttributeArray_int64(info, n, nullptr, &size))) {
-    v.type = FoundType::kInts;
-  } else if (ok(api().KernelInfoGetAttributeArray_float(info, n, nullptr, &size))) {
-    v.type = FoundType::kFloats;
+  } else {
+    // Some runtimes read a list of either type as an empty list of the other: the longer
+    // reading tells which it is.
+    size_t n_ints = 0, n_floats = 0;
+    const bool ints = ok(api().KernelInfoGetAttributeArray_int64(info, n, nullptr, &n_ints));
+    const bool floats = ok(api().KernelInfoGetAttributeArray_float(info, n, nullptr, &n_floats));
+    if (ints || floats) v.type = floats && (!ints || n_floats > n_ints) ? FoundType::kFloats : FoundType::kInts;
   }
   return v;
 }
