@@ -41,11 +41,16 @@ extern "C" const char* packed_decode(int gpu, int mx, const char* attrs, const i
       return std::nullopt;
     };
     mxops::AttributeSource src;
-    src.get_int = [find](const char* n) -> std::optional<int64_t> {
-      auto v = find(n);
-      return v ? std::optional<int64_t>(std::stoll(*v)) : std::nullopt;
+    src.get = [find](const std::string& n) {
+      mxops::AttributeValue v;
+      if (auto text = find(n.c_str())) {
+        const bool is_int = !text->empty() && text->find_first_not_of("-0123456789") == std::string::npos;
+        v.type = is_int ? mxops::FoundType::kInt : mxops::FoundType::kString;
+        if (is_int) v.i = std::stoll(*text); else v.s = *text;
+      }
+      return v;
     };
-    src.get_string = find;
+    src.unknown = [](const std::vector<std::string>&) { return std::vector<std::string>{}; };
     const std::string op = mx ? "MXDequantize" : "BFPDequantize";
     const auto p = mxops::packed::parse_packed_op(op, mx != 0, src,
                                                   std::vector<int64_t>(shape, shape + rank));

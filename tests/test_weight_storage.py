@@ -26,8 +26,15 @@ ONNX_CONFIGS = ["MXFP8E4M3", "MXFP8E5M2", "MXINT8"]
 NO_STANDARD_KERNEL = ["MXFP4E2M1", "MXFP6E3M2", "MXFP6E2M3", "MX9", "MX6", "MX4", "BFP16"]
 
 
+# onnxruntime folds a BatchNormalization into the preceding Conv's weight when that weight is a
+# constant (the folded model), which changes the weight it runs; a packed weight is not a
+# constant, so comparisons of packed and folded models switch that one rewrite off.
+NO_CONV_BN = ["ConvBNFusion"]
+
+
 def _session(model: onnx.ModelProto, library: bool, qdq_fusion: bool = True,
-             level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> ort.InferenceSession:
+             level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+             disabled: tuple = ()) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.graph_optimization_level = level
     so.intra_op_num_threads = 2
@@ -35,8 +42,8 @@ def _session(model: onnx.ModelProto, library: bool, qdq_fusion: bool = True,
         so.add_session_config_entry("session.disable_quant_qdq", "1")
     if library:
         so.register_custom_ops_library(ort_mx_ops.get_library_path())
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(disabled))
 
 
 def _run(model: onnx.ModelProto, feeds: dict, **kw) -> list[np.ndarray]:
@@ -87,7 +94,8 @@ def test_packed_unit_model_bit_identical_to_folded(which, config):
     onnx.checker.check_model(packed)
     ops = {n.op_type for n in packed.graph.node if n.domain == PRODUCT_DOMAIN}
     assert ops == {"MXDequantize" if CONFIGS[config].op == "MX" else "BFPDequantize"}
-    assert _same(_run(folded, feeds, library=True), _run(packed, feeds, library=True))
+    assert _same(_run(folded, feeds, library=True, disabled=NO_CONV_BN),
+                 _run(packed, feeds, library=True, disabled=NO_CONV_BN))
     # The numpy reader gives the folded weights back, bit for bit.
     expanded = expand_packed_weights(packed)
     assert not any(n.domain == PRODUCT_DOMAIN for n in expanded.graph.node)
@@ -192,9 +200,12 @@ def test_packed_ocr_model(tmp_path, rec_input, config, ratio):
     assert summary.output_bytes == os.path.getsize(packed_path)
     assert os.path.getsize(packed_path) <= os.path.getsize(src) / ratio
     folded, packed = onnx.load(folded_path), onnx.load(packed_path)
+    # Expanded at load, the weights are constants again: identical under every optimization.
     want = _run(folded, rec_input, library=True)
-    assert _same(want, _run(packed, rec_input, library=True))
     assert _same(want, _run(expand_packed_weights(packed), rec_input, library=True))
+    # Decoded by the op: identical once onnxruntime no longer rewrites the folded weights.
+    assert _same(_run(folded, rec_input, library=True, disabled=NO_CONV_BN),
+                 _run(packed, rec_input, library=True, disabled=NO_CONV_BN))
 
 
 @pytest.mark.parametrize("config", ONNX_CONFIGS)

@@ -20,7 +20,7 @@ PackedOp parse_packed_op(const std::string& op, bool mx, const AttributeSource& 
     if (d < 0)
       throw InvalidArgument{op + ": attribute 'shape' has a negative dimension; allowed: "
                             "sizes >= 0"};
-  const QdqParams q = mx ? parse_mx_attributes(op, attrs) : parse_bfp_attributes(op, attrs);
+  const QdqParams q = parse_block_attributes(mx ? OpKind::kMx : OpKind::kBfp, op, attrs);
   if (!mx && q.bf16_first)
     throw InvalidArgument{op + ": attribute 'convert_to_bfloat_before_bfp' does not apply to "
                           "packed weights; allowed: 0"};

@@ -2,6 +2,7 @@
 // checked once here for every front end (ONNX Runtime kernels, tests), ORT-free.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,17 @@ struct PackedOp {
   int64_t payload_bytes = 0;   // ceil(num_elements * width / 8)
   int64_t scale_count = 0;     // outer * ceil(length / block_size) * inner
   int64_t shift_bytes = 0;     // to_bfp_prime: ceil(sub-blocks * shift_bits / 8); else 0
+};
+
+// The first exception input: after payload, scales (and shifts, BFPDequantize only).
+inline size_t exception_input(bool mx) { return mx ? 2 : 3; }
+
+// The buffers a node decodes, on whatever device they live, and its exceptions.
+struct PackedInputs {
+  PackedBuffers buffers{};
+  const int64_t* exception_indices = nullptr;
+  const float* exception_values = nullptr;
+  int64_t exception_count = 0;
 };
 
 // mx: MXDequantize (element_dtype, block_size, axis), else BFPDequantize (bfp_method,

@@ -12,12 +12,6 @@ namespace {
 
 constexpr int kPackedThreads = 256;
 
-unsigned packed_grid(int64_t n) {
-  int64_t ctas = (n + kPackedThreads - 1) / kPackedThreads;
-  if (ctas < 1) ctas = 1;
-  return static_cast<unsigned>(ctas < kMaxCtas ? ctas : kMaxCtas);
-}
-
 __global__ void packed_decode_kernel(packed::PackedParams p, packed::PackedBuffers in, int64_t n,
                                      float* __restrict__ y) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -37,13 +31,6 @@ __global__ void packed_exceptions_kernel(const int64_t* __restrict__ indices,
   }
 }
 
-std::string status_of(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return "";
-  return std::string(MXOPS_GPU_BACKEND_NAME " launch of ") + what + " failed: " +
-         cudaGetErrorString(e);
-}
-
 }  // namespace
 
 std::string launch_packed_dequantize(const packed::PackedParams& params,
@@ -53,13 +40,15 @@ std::string launch_packed_dequantize(const packed::PackedParams& params,
                                      float* y, void* stream) {
   if (n == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(packed_grid(n), kPackedThreads, s, packed_decode_kernel)(params, in, n, y);
-  std::string error = status_of("the packed-weight decoder");
+  MXOPS_LAUNCH(elementwise_grid(n, kPackedThreads), kPackedThreads, s,
+               packed_decode_kernel)(params, in, n, y);
+  std::string error = launch_status("the packed-weight decoder");
   if (!error.empty() || exception_count == 0) return error;
   // Same stream: runs after the decoder, so the exceptions win.
-  MXOPS_LAUNCH(packed_grid(exception_count), kPackedThreads, s, packed_exceptions_kernel)(
-      exception_indices, exception_values, exception_count, n, y);
-  return status_of("the packed-weight exceptions");
+  MXOPS_LAUNCH(elementwise_grid(exception_count, kPackedThreads), kPackedThreads, s,
+               packed_exceptions_kernel)(exception_indices, exception_values, exception_count,
+                                         n, y);
+  return launch_status("the packed-weight exceptions");
 }
 
 }  // namespace mxops::gpu
