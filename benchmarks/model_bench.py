@@ -58,6 +58,7 @@ class ModelOptions:
     max_rounds: int = 1000
     profile_runs: int = 20
     extra_models: dict[str, str] = field(default_factory=dict)   # label -> prepared model
+    nchwc: bool = False          # also time each config through quantizer.nchwc
     log: Callable[[str], None] = print
 
 
@@ -233,6 +234,13 @@ def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dic
                         "sites": len(summary.sites)}
         paths[config] = out
         opts.log(f"  quantized {config}: {runtime} runtime nodes")
+        if opts.nchwc:
+            from ort_mx_ops.quantizer.nchwc import optimize_nchwc
+            label = f"{config}+nchwc"
+            paths[label] = os.path.join(workdir, f"{config}_nchwc.onnx")
+            rep = optimize_nchwc(out, paths[label])
+            info[label] = {"runtime_nodes": runtime, "same_as": config, "nchwc_block": rep.block,
+                           "nchwc_rewritten": len(rep.rewritten), "nchwc_kept": len(rep.kept)}
     return paths, info
 
 
@@ -252,9 +260,14 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                 ours |= our_op_types(onnx.load(path, load_external_data=False))
         sessions = {label: _session(p, opts.threads, optimization=_optimization_of(p))
                     for label, p in variants.items()}
-        ref = sessions["float"].run(None, feeds)
-        checks = {label: _compare(ref, s.run(None, feeds))
-                  for label, s in sessions.items() if label != "float"}
+        outs = {label: s.run(None, feeds) for label, s in sessions.items()}
+        checks = {label: _compare(outs["float"], o) for label, o in outs.items()
+                  if label != "float"}
+        for label, info in qinfo.items():
+            if "same_as" in info:  # a rewritten model must give its source's bits
+                checks[label]["bit_identical_to_same_as"] = all(
+                    np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+                    for a, b in zip(outs[label], outs[info["same_as"]]))
         opts.log(f"  timing {len(sessions)} sessions, {opts.rounds} interleaved rounds")
         times = _interleaved(sessions, feeds, opts.warmup, opts.rounds, opts.min_time,
                              opts.max_rounds)
@@ -273,7 +286,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         prof = profiles[label]
         rows.append({
             "variant": label,
-            "config": label if label in CONFIGS else None,
+            "config": label.split("+")[0] if label.split("+")[0] in CONFIGS else None,
             "median_s": med, "min_s": best, "runs": len(times[label]),
             "times_s": times[label],
             "ratio_to_float": med / f_med, "ratio_to_float_best": best / f_min,
@@ -294,7 +307,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         "options": {"configs": opts.configs, "threads": opts.threads, "warmup": opts.warmup,
                     "rounds": opts.rounds, "min_time": opts.min_time,
                     "max_rounds": opts.max_rounds, "profile_runs": opts.profile_runs,
-                    "extra_models": opts.extra_models},
+                    "extra_models": opts.extra_models, "nchwc": opts.nchwc},
         "results": rows,
     }
 
@@ -328,6 +341,9 @@ def markdown(doc: dict) -> str:
     for r in doc["results"]:
         p = r["profile"]
         diff = "–" if r["variant"] == "float" else f"{r['max_abs_diff_vs_float']:.3g}"
+        if "bit_identical_to_same_as" in r:
+            diff += (" (bits = " if r["bit_identical_to_same_as"] else " (bits ≠ ") + \
+                f"{r['same_as']})"
         out.append(f"| {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['ratio_to_float']:.3f} | "
                    f"{r['ratio_to_float_best']:.3f} | {p['ours_nodes']} | "
                    f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
@@ -395,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-runs", type=int, default=20)
     p.add_argument("--extra", action="append", default=[],
                    help="LABEL=PATH: another prepared model to time beside them")
+    p.add_argument("--nchwc", action="store_true",
+                   help="also time each config pre-optimised with our nodes inside "
+                        "onnxruntime's NCHWc layout (ort_mx_ops.quantizer.nchwc)")
     p.add_argument("--tiny", action="store_true", help="smoke run: few rounds (CI)")
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--quiet", action="store_true")
@@ -420,7 +439,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     opts = ModelOptions(model=args.model, configs=configs, shapes=_parse_shapes(args.shape),
                         seq_len=args.seq_len, threads=args.threads, warmup=warmup,
                         rounds=rounds, min_time=min_time, max_rounds=max(rounds, args.max_rounds),
-                        profile_runs=profile_runs, extra_models=extra, log=log)
+                        profile_runs=profile_runs, extra_models=extra, nchwc=args.nchwc,
+                        log=log)
     try:
         doc = run_model_bench(opts)
     except (FileNotFoundError, ValueError) as exc:
