@@ -238,7 +238,7 @@ def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dic
             from ort_mx_ops.quantizer.nchwc import optimize_nchwc
             label = f"{config}+nchwc"
             paths[label] = os.path.join(workdir, f"{config}_nchwc.onnx")
-            rep = optimize_nchwc(out, paths[label])
+            rep = optimize_nchwc(out, paths[label], opts.shapes or None)
             info[label] = {"runtime_nodes": runtime, "same_as": config, "nchwc_block": rep.block,
                            "nchwc_rewritten": len(rep.rewritten), "nchwc_kept": len(rep.kept)}
     return paths, info

@@ -127,7 +127,46 @@ def _is_scalar(g: onnx.GraphProto, name: str) -> bool:
     return False
 
 
-def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
+def _static_shapes(model_path: str, input_shapes: dict[str, list[int]]
+                   ) -> dict[str, list[int]]:
+    """For each of our nodes (by name) in ``model_path``, the shape of its input when the
+    graph inputs have ``input_shapes`` (onnx shape inference; only fully known shapes)."""
+    m = onnx.load(model_path)
+    _fix_inputs(m, input_shapes)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    for n in probe.graph.node:
+        if n.domain in _OUR_DOMAINS:  # shape-preserving: an Identity for shape inference
+            keep_in, keep_out = n.input[0], n.output[0]
+            n.Clear()
+            n.CopyFrom(helper.make_node("Identity", [keep_in], [keep_out]))
+    inferred = onnx.shape_inference.infer_shapes(probe)
+    known = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            known[vi.name] = [int(d.dim_value) for d in dims]
+    return {n.name: known[n.input[0]] for n in m.graph.node
+            if n.domain in _OUR_DOMAINS and n.input and n.input[0] in known}
+
+
+def _fix_inputs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> None:
+    """Give the graph inputs named in ``input_shapes`` those fixed dimensions."""
+    inputs = {i.name: i for i in model.graph.input}
+    for name, shape in input_shapes.items():
+        if name not in inputs:
+            raise ValueError(f"the model has no input {name!r} (inputs: {sorted(inputs)})")
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise ValueError(f"input {name!r} has rank {len(dims)}, shape given {shape}")
+        for d, v in zip(dims, shape):
+            if d.HasField("dim_value") and d.dim_value not in (0, v):
+                raise ValueError(f"input {name!r} has fixed shape; {shape} does not match it")
+            d.dim_value = int(v)
+
+
+def _rewrite(model: onnx.ModelProto, block: int,
+             shapes: Optional[dict[str, list[int]]] = None) -> NchwcReport:
     g = model.graph
     report = NchwcReport(block=block)
     producer = {o: n for n in g.node for o in n.output}
@@ -207,20 +246,34 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
                 report.kept.append(f"{label}: block_size {bs} straddles NCHWc blocks of "
                                    f"{block}")
                 continue
-            if flat_shape is None:
-                flat_shape = fresh("nchwc_flat_shape")
-                g.initializer.append(numpy_helper.from_array(np.array([0, -1], np.int64),
-                                                             flat_shape))
-            shape, flat, qflat = fresh(f"{x}_shape"), fresh(f"{x}_nchwc_flat"), \
-                fresh(f"{node.output[0]}_nchwc_flat")
-            a["axis"] = 1
-            new = [helper.make_node("Shape", [x], [shape], name=fresh(f"{node.name}_Shape")),
-                   helper.make_node("Reshape", [x, flat_shape], [flat],
-                                    name=fresh(f"{node.name}_Reshape_flat")),
-                   helper.make_node(node.op_type, [flat], [qflat], domain=node.domain,
-                                    name=node.name, **a),
-                   helper.make_node("Reshape", [qflat, shape], [ri.output[0]],
-                                    name=fresh(f"{node.name}_Reshape_back"))]
+            static = (shapes or {}).get(node.name)
+            if static is not None and len(static) == 4 and static[3] % bs == 0:
+                # Rows of W floats, W a multiple of block_size: blocks along the last axis
+                # of the blocked buffer seen as [N, C, H, W] are the aligned channel runs.
+                a["axis"] = 3
+                new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
+                                        name=node.name, **a)]
+            else:
+                if flat_shape is None:
+                    flat_shape = fresh("nchwc_flat_shape")
+                    g.initializer.append(numpy_helper.from_array(np.array([0, -1], np.int64),
+                                                                 flat_shape))
+                flat, qflat = fresh(f"{x}_nchwc_flat"), fresh(f"{node.output[0]}_nchwc_flat")
+                a["axis"] = 1
+                new = [helper.make_node("Reshape", [x, flat_shape], [flat],
+                                        name=fresh(f"{node.name}_Reshape_flat")),
+                       helper.make_node(node.op_type, [flat], [qflat], domain=node.domain,
+                                        name=node.name, **a)]
+                if static is not None:
+                    back = fresh(f"{x}_shape")
+                    g.initializer.append(numpy_helper.from_array(np.array(static, np.int64),
+                                                                 back))
+                else:
+                    back = fresh(f"{x}_shape")
+                    new.insert(0, helper.make_node("Shape", [x], [back],
+                                                   name=fresh(f"{node.name}_Shape")))
+                new.append(helper.make_node("Reshape", [qflat, back], [ri.output[0]],
+                                            name=fresh(f"{node.name}_Reshape_back")))
         replace[id(chain[0])] = new
         drop.update(id(n) for n in chain[1:])
         drop.add(id(ri))
@@ -240,11 +293,17 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
     return report
 
 
-def optimize_nchwc(model_path: str, output_path: str) -> NchwcReport:
+def optimize_nchwc(model_path: str, output_path: str,
+                   input_shapes: Optional[dict[str, list[int]]] = None) -> NchwcReport:
     """Write ``output_path``: ``model_path`` (a quantized model) optimised by onnxruntime for
     this CPU, with our nodes moved into the NCHWc layout where that keeps every output bit
-    (see the module documentation).  Run it with :func:`session_options`.  Raises
-    ``ValueError`` when input and output are the same file."""
+    (see the module documentation).  Run it with :func:`session_options`.
+
+    ``input_shapes`` (name -> dims) fixes those inputs' shapes in the output model (other
+    shapes are then refused by onnxruntime); knowing the shapes, a node needs no Shape /
+    Reshape around it (one node instead of three where the width is a multiple of its block
+    size).  Raises ``ValueError`` when input and output are the same file or a shape does not
+    fit the model."""
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"model file not found: {model_path}")
     if os.path.exists(output_path) and os.path.samefile(model_path, output_path):
@@ -252,9 +311,12 @@ def optimize_nchwc(model_path: str, output_path: str) -> NchwcReport:
     from .quantize import save_model_atomic
     ort = _ort()
     block = nchwc_block_size()
+    shapes = _static_shapes(model_path, input_shapes) if input_shapes else None
     with tempfile.TemporaryDirectory() as tmp:
         model = _optimized_by_ort(model_path, os.path.join(tmp, "optimized.onnx"))
-    report = _rewrite(model, block) if block else NchwcReport(block=0)
+    if input_shapes:
+        _fix_inputs(model, input_shapes)
+    report = _rewrite(model, block, shapes) if block else NchwcReport(block=0)
     if not block:
         report.kept.append("onnxruntime does not use the NCHWc layout on this CPU")
     meta = {p.key: p for p in model.metadata_props}
@@ -275,9 +337,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "run it with graph optimisations disabled).")
     p.add_argument("input")
     p.add_argument("output")
+    p.add_argument("--shape", action="append", default=[],
+                   help="NAME=1x3x48x192: fix an input's shape (repeatable; fewer nodes)")
     args = p.parse_args(argv)
     try:
-        r = optimize_nchwc(args.input, args.output)
+        shapes = {}
+        for item in args.shape:
+            name, sep, dims = item.partition("=")
+            if not sep or not name:
+                raise ValueError(f"--shape wants NAME=D0xD1x..., got {item!r}")
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        r = optimize_nchwc(args.input, args.output, shapes or None)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -87,6 +87,32 @@ def test_bit_identical_to_default_run(tmp_path, config):
     assert meta[nchwc.METADATA_KEY] == f"onnxruntime {ort.__version__}; NCHWc block {BLOCK}"
 
 
+@pytest.mark.parametrize("config", ["BFP16", "MX9"])
+@pytest.mark.parametrize("hw", [(12, 16), (7, 9)])
+def test_fixed_shapes(tmp_path, config, hw):
+    """With the input shape fixed, a rewritten node needs no Shape node; with the width a
+    multiple of its block size, no Reshape either.  Other shapes are refused."""
+    q = str(tmp_path / "q.onnx")
+    quantize_model(_cnn(tmp_path / "m.onnx"), q, config)
+    out = str(tmp_path / "q_nchwc.onnx")
+    shape = [1, 3, *hw]
+    report = nchwc.optimize_nchwc(q, out, {"x": shape})
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    a = _run(q, ort_mx_ops.register(ort.SessionOptions()), x)
+    b = _run(out, nchwc.session_options(), x)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    nodes = onnx.load(out).graph.node
+    assert "Shape" not in [n.op_type for n in nodes]
+    ours = [n for n in nodes if n.op_type == "Reshape" and "_Reshape_" in n.name]
+    if report.rewritten:
+        bs = 8 if config == "BFP16" else 16
+        assert len(ours) == (0 if hw[1] % bs == 0 else 2 * len(report.rewritten))
+    with pytest.raises(Exception, match="[Ii]nvalid|dimension|shape"):
+        _run(out, nchwc.session_options(), np.zeros((1, 3, 8, 8), np.float32))
+    with pytest.raises(ValueError, match="no input"):
+        nchwc.optimize_nchwc(q, out, {"y": shape})
+
+
 def test_channels_not_a_multiple_of_the_block_keep_their_conversions(tmp_path):
     q = str(tmp_path / "q.onnx")
     quantize_model(_cnn(tmp_path / "m.onnx", channels=(12, 12, 12)), q, "BFP16")
