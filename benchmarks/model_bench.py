@@ -225,6 +225,12 @@ def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
 def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dict[str, dict]]:
     from ort_mx_ops.quantizer import quantize_model
     paths, info = {}, {}
+    if opts.nchwc:
+        # the control: the float model pre-optimised and run the same way (nothing rewritten)
+        from ort_mx_ops.quantizer.nchwc import optimize_nchwc
+        paths["float+nchwc"] = os.path.join(workdir, "float_nchwc.onnx")
+        optimize_nchwc(opts.model, paths["float+nchwc"], opts.shapes or None)
+        info["float+nchwc"] = {"same_as": "float"}
     for config in opts.configs:
         out = os.path.join(workdir, f"{config}.onnx")
         t0 = time.perf_counter()
@@ -290,6 +296,9 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
             "median_s": med, "min_s": best, "runs": len(times[label]),
             "times_s": times[label],
             "ratio_to_float": med / f_med, "ratio_to_float_best": best / f_min,
+            **({"ratio_to_float_nchwc": med / statistics.median(times["float+nchwc"]),
+                "ratio_to_float_nchwc_best": best / min(times["float+nchwc"])}
+               if "float+nchwc" in times else {}),
             "profile": prof,
             # layout time beyond what the float model itself spends on conversions
             "layout_extra_seconds": prof["layout_seconds"] - f_layout,
@@ -334,8 +343,11 @@ def markdown(doc: dict) -> str:
                "per-node kernel time; layout = ReorderInput + ReorderOutput; extra layout = "
                "its time beyond the float model's, as a share of the float model's node time")
     out.append("")
-    head = ["variant", "median ms", "×float", "×float (best)", "our nodes", "our share",
-            "layout nodes", "layout share", "extra layout", "max |Δ| vs float"]
+    control = any("ratio_to_float_nchwc" in r for r in doc["results"])
+    head = ["variant", "median ms", "×float", "×float (best)"] + \
+        (["×float+nchwc", "×float+nchwc (best)"] if control else []) + \
+        ["our nodes", "our share", "layout nodes", "layout share", "extra layout",
+         "max |Δ| vs float"]
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     for r in doc["results"]:
@@ -344,8 +356,10 @@ def markdown(doc: dict) -> str:
         if "bit_identical_to_same_as" in r:
             diff += (" (bits = " if r["bit_identical_to_same_as"] else " (bits ≠ ") + \
                 f"{r['same_as']})"
+        ctl = f"{r['ratio_to_float_nchwc']:.3f} | {r['ratio_to_float_nchwc_best']:.3f} | " \
+            if control else ""
         out.append(f"| {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['ratio_to_float']:.3f} | "
-                   f"{r['ratio_to_float_best']:.3f} | {p['ours_nodes']} | "
+                   f"{r['ratio_to_float_best']:.3f} | {ctl}{p['ours_nodes']} | "
                    f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
                    f"{r['layout_extra_vs_float_node_time']:+.1%} | {diff} |")
     out.append("")

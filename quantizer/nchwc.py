@@ -160,7 +160,7 @@ def _fix_inputs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> N
         if len(dims) != len(shape):
             raise ValueError(f"input {name!r} has rank {len(dims)}, shape given {shape}")
         for d, v in zip(dims, shape):
-            if d.HasField("dim_value") and d.dim_value not in (0, v):
+            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != v:
                 raise ValueError(f"input {name!r} has fixed shape; {shape} does not match it")
             d.dim_value = int(v)
 
@@ -308,7 +308,6 @@ def optimize_nchwc(model_path: str, output_path: str,
         raise FileNotFoundError(f"model file not found: {model_path}")
     if os.path.exists(output_path) and os.path.samefile(model_path, output_path):
         raise ValueError("refusing to write the optimised model over its input")
-    from .quantize import save_model_atomic
     ort = _ort()
     block = nchwc_block_size()
     shapes = _static_shapes(model_path, input_shapes) if input_shapes else None
@@ -325,7 +324,17 @@ def optimize_nchwc(model_path: str, output_path: str,
         meta[METADATA_KEY].value = value
     else:
         model.metadata_props.append(onnx.StringStringEntryProto(key=METADATA_KEY, value=value))
-    save_model_atomic(model, output_path)
+    # onnxruntime's optimised graph holds its internal ops (fused kernels, LayerNormalization
+    # at any opset), which onnx.checker rejects: write it as onnxruntime saved it, atomically.
+    directory = os.path.dirname(os.path.abspath(output_path))
+    with tempfile.NamedTemporaryFile(dir=directory, suffix=".onnx", delete=False) as tmp:
+        tmp_path = tmp.name
+    try:
+        onnx.save(model, tmp_path)
+        os.replace(tmp_path, output_path)
+    finally:
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
     return report
 
 
