@@ -296,6 +296,11 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
             "median_s": med, "min_s": best, "runs": len(times[label]),
             "times_s": times[label],
             "ratio_to_float": med / f_med, "ratio_to_float_best": best / f_min,
+            # per round, this run over the float run of the same round; the median of those
+            "ratio_to_float_paired": statistics.median(
+                t / f for t, f in zip(times[label], times["float"])),
+            # summed per-node medians from the profiler: less exposed to load from elsewhere
+            "node_time_ratio_to_float": prof["node_seconds"] / profiles["float"]["node_seconds"],
             **({"ratio_to_float_nchwc": med / statistics.median(times["float+nchwc"]),
                 "ratio_to_float_nchwc_best": best / min(times["float+nchwc"])}
                if "float+nchwc" in times else {}),
@@ -339,12 +344,15 @@ def markdown(doc: dict) -> str:
                f"rounds after {o['warmup']} warm-up runs; profile: per-node median of "
                f"{o['profile_runs']} runs; load average {before:.1f} before, {after:.1f} after")
     out.append("- ×float: median latency / the float model's median, from the same rounds; "
-               "(best): the same from each one's fastest run. Shares are of the summed "
+               "(best): the same from each one's fastest run; (paired): the median over rounds "
+               "of this run / the float run of the same round; node time ×float: summed "
+               "per-node median kernel times from the profiler / the float model's. Shares are of the summed "
                "per-node kernel time; layout = ReorderInput + ReorderOutput; extra layout = "
                "its time beyond the float model's, as a share of the float model's node time")
     out.append("")
     control = any("ratio_to_float_nchwc" in r for r in doc["results"])
-    head = ["variant", "median ms", "×float", "×float (best)"] + \
+    head = ["variant", "median ms", "×float", "×float (best)", "×float (paired)",
+            "node time ×float"] + \
         (["×float+nchwc", "×float+nchwc (best)"] if control else []) + \
         ["our nodes", "our share", "layout nodes", "layout share", "extra layout",
          "max |Δ| vs float"]
@@ -359,7 +367,8 @@ def markdown(doc: dict) -> str:
         ctl = f"{r['ratio_to_float_nchwc']:.3f} | {r['ratio_to_float_nchwc_best']:.3f} | " \
             if control else ""
         out.append(f"| {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['ratio_to_float']:.3f} | "
-                   f"{r['ratio_to_float_best']:.3f} | {ctl}{p['ours_nodes']} | "
+                   f"{r['ratio_to_float_best']:.3f} | {r['ratio_to_float_paired']:.3f} | "
+                   f"{r['node_time_ratio_to_float']:.3f} | {ctl}{p['ours_nodes']} | "
                    f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
                    f"{r['layout_extra_vs_float_node_time']:+.1%} | {diff} |")
     out.append("")

@@ -88,6 +88,7 @@ def test_numbers_are_real(cnn_run):
         assert r["runs"] == len(r["times_s"]) >= 3
         assert all(t > 0 for t in r["times_s"]) and r["min_s"] <= r["median_s"]
         assert r["ratio_to_float"] > 0 and r["ratio_to_float_best"] > 0
+        assert r["ratio_to_float_paired"] > 0 and r["node_time_ratio_to_float"] > 0
         p = r["profile"]
         assert p["node_seconds"] > 0
         assert all(o["seconds"] > 0 and o["nodes"] >= 1 for o in p["ops"].values())
