@@ -157,18 +157,29 @@ def profile_breakdown(path: str, feeds: dict[str, np.ndarray], runs: int, thread
         os.remove(prof_path)
     per_node: dict[str, list[float]] = defaultdict(list)
     node_op: dict[str, str] = {}
+    node_elems: dict[str, int] = {}
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
             name = e["name"][: -len("_kernel_time")]
             per_node[name].append(float(e["dur"]) * 1e-6)
             node_op[name] = e["args"]["op_name"]
+            node_elems[name] = _first_input_elements(e["args"])
     by_op: dict[str, dict[str, float]] = {}
+    by_size: dict[str, dict[str, dict[str, float]]] = {"ours": {}, "layout": {}}
     for name, durs in per_node.items():
         # the first entry is the warm-up run
         t = statistics.median(durs[1:] if len(durs) > 1 else durs)
         row = by_op.setdefault(node_op[name], {"seconds": 0.0, "nodes": 0})
         row["seconds"] += t
         row["nodes"] += 1
+        group = "ours" if node_op[name] in ours else \
+            "layout" if node_op[name] in LAYOUT_OPS else None
+        if group:
+            cell = by_size[group].setdefault(_size_bucket(node_elems[name]),
+                                             {"nodes": 0, "seconds": 0.0, "elements": 0})
+            cell["nodes"] += 1
+            cell["seconds"] += t
+            cell["elements"] += node_elems[name]
     total = sum(r["seconds"] for r in by_op.values())
     for r in by_op.values():
         r["share"] = r["seconds"] / total if total > 0 else 0.0
@@ -184,7 +195,27 @@ def profile_breakdown(path: str, feeds: dict[str, np.ndarray], runs: int, thread
         "layout_seconds": layout_s,
         "layout_share": layout_s / total if total > 0 else 0.0,
         "layout_nodes": sum(r["nodes"] for op, r in by_op.items() if op in LAYOUT_OPS),
+        # our nodes and the layout conversions by the element count of their input
+        "by_size": {g: {b: by_size[g][b] for b in SIZE_BUCKETS if b in by_size[g]}
+                    for g in by_size},
     }
+
+
+SIZE_BUCKETS = ("<=1Ki", "1Ki-16Ki", "16Ki-256Ki", ">256Ki")
+
+
+def _size_bucket(n: int) -> str:
+    return SIZE_BUCKETS[0] if n <= 1 << 10 else SIZE_BUCKETS[1] if n <= 1 << 14 else \
+        SIZE_BUCKETS[2] if n <= 1 << 18 else SIZE_BUCKETS[3]
+
+
+def _first_input_elements(args: dict) -> int:
+    """Elements of a profiled node's first input (0 where the profiler gives no shape)."""
+    shapes = args.get("input_type_shape") or []
+    if not shapes:
+        return 0
+    dims = next(iter(shapes[0].values()), [])
+    return int(np.prod(dims)) if dims else 1
 
 
 def _interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.ndarray],
@@ -371,6 +402,22 @@ def markdown(doc: dict) -> str:
                    f"{r['node_time_ratio_to_float']:.3f} | {ctl}{p['ours_nodes']} | "
                    f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
                    f"{r['layout_extra_vs_float_node_time']:+.1%} | {diff} |")
+    out.append("")
+    out.append("## Our nodes and layout conversions by input size (nodes: ms per run, "
+               "elements/ns)")
+    out.append("")
+    head = ["variant", "group"] + list(SIZE_BUCKETS)
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for r in doc["results"]:
+        for group in ("ours", "layout"):
+            cells = r["profile"]["by_size"].get(group, {})
+            if not cells:
+                continue
+            row = [f"{c['nodes']}: {c['seconds'] * 1e3:.3f} ms, "
+                   f"{c['elements'] / c['seconds'] * 1e-9:.2f}" if (c := cells.get(b)) and
+                   c["seconds"] > 0 else "–" for b in SIZE_BUCKETS]
+            out.append(f"| {r['variant']} | {group} | " + " | ".join(row) + " |")
     out.append("")
     out.append("## Time by op type (ms per run, share)")
     out.append("")

@@ -99,6 +99,17 @@ def test_numbers_are_real(cnn_run):
         assert p["ours_seconds"] == pytest.approx(
             sum(o["seconds"] for op, o in p["ops"].items()
                 if op.endswith(("QuantizeDequantize", "QuantizeLinear", "DequantizeLinear"))))
+        for group, seconds, nodes in (("ours", p["ours_seconds"], p["ours_nodes"]),
+                                      ("layout", p["layout_seconds"], p["layout_nodes"])):
+            cells = p["by_size"][group].values()
+            assert sum(c["nodes"] for c in cells) == nodes
+            assert sum(c["seconds"] for c in cells) == pytest.approx(seconds)
+            assert all(c["elements"] >= c["nodes"] for c in cells)
+        if r["variant"] != "float":  # a node on x (3 x 12 x 12), two on 16 x 12 x 12 tensors
+            per_site = 2 if r["variant"] == "BF16" else 1
+            assert {b: c["nodes"] for b, c in p["by_size"]["ours"].items()} == \
+                {"<=1Ki": per_site, "1Ki-16Ki": 2 * per_site}
+            assert p["by_size"]["ours"]["<=1Ki"]["elements"] == 432 * per_site
         # three convolutions of 16 channels: onnxruntime converts layouts in every variant
         assert p["ops"]["ReorderOutput"]["nodes"] >= 1
     for r in doc["results"][1:]:
