@@ -445,16 +445,11 @@ def markdown(doc: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
-    shapes = {}
-    for item in items:
-        name, sep, dims = item.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            shapes[name] = [int(d) for d in dims.lower().split("x")]
-        except ValueError:
-            raise SystemExit(f"--shape wants NAME=D0xD1x..., got {item!r}") from None
-    return shapes
+    from ort_mx_ops.quantizer.nchwc import parse_shapes
+    try:
+        return parse_shapes(items)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

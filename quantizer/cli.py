@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import tempfile
 from typing import Optional, Sequence
 
 from .calibration import NpzReader
@@ -25,6 +27,22 @@ def _load_reader(spec: str):
     if not attr:
         raise SystemExit("--calib-reader takes module:callable")
     return getattr(importlib.import_module(module), attr)()
+
+
+def _quantize_nchwc(args: argparse.Namespace, cfg, reader):
+    """Quantize into a temporary file beside the output, then write the output through
+    quantizer.nchwc; returns the quantization summary and the NCHWc report."""
+    from .nchwc import optimize_nchwc, parse_shapes
+    if os.path.exists(args.output) and os.path.samefile(args.input, args.output):
+        raise ValueError(f"refusing to write the quantized model over its input "
+                         f"{args.input!r}; choose another output path")
+    shapes = parse_shapes(args.nchwc_shape, "--nchwc-shape")
+    directory = os.path.dirname(os.path.abspath(args.output))
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".ort-mx-quantize-") as tmp:
+        plain = os.path.join(tmp, "quantized.onnx")
+        summary = quantize_model(args.input, plain, cfg, reader, progress=not args.quiet)
+        report = optimize_nchwc(plain, args.output, shapes or None)
+    return summary, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calib-batch", type=int, default=1, help="calibration batch size")
     p.add_argument("--calib-reader", metavar="MODULE:CALLABLE",
                    help="a callable returning a CalibrationDataReader")
+    p.add_argument("--nchwc", action="store_true",
+                   help="write the model pre-optimised by onnxruntime for this CPU, with the "
+                        "nodes inside its NCHWc layout where that keeps every output bit "
+                        "(hardware-specific; run it with graph optimisations off: "
+                        "docs/quantizer.md)")
+    p.add_argument("--nchwc-shape", action="append", default=[], metavar="NAME=D0xD1...",
+                   help="with --nchwc: fix an input's shape (repeatable; fewer nodes)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     return p
@@ -91,12 +116,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reader = NpzReader(args.calib, args.calib_batch)
         elif args.calib_reader:
             reader = _load_reader(args.calib_reader)
-        summary = quantize_model(args.input, args.output, cfg, reader, progress=not args.quiet)
+        if args.nchwc:
+            summary, report = _quantize_nchwc(args, cfg, reader)
+        else:
+            summary = quantize_model(args.input, args.output, cfg, reader,
+                                     progress=not args.quiet)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"ort-mx-quantize: error: {exc}", file=sys.stderr)
         return 2
     if not args.quiet:
         print(summary)
+        if args.nchwc:
+            print(f"NCHWc block {report.block}: {len(report.rewritten)} nodes inside the "
+                  f"blocked layout, layout conversions {report.reorders_before} -> "
+                  f"{report.reorders_after}; {len(report.kept)} kept their conversions")
         print(f"wrote {args.output}")
     if args.summary_json:
         with open(args.summary_json, "w", encoding="utf-8") as f:

@@ -45,7 +45,7 @@ from onnx import helper, numpy_helper
 from ort_mx_ops.formats import LEGACY_DOMAIN, QUARK_DOMAIN
 
 __all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "session_options", "main",
-           "METADATA_KEY"]
+           "METADATA_KEY", "parse_shapes"]
 
 METADATA_KEY = "ort_mx_ops.onnxruntime_optimized"
 _NCHWC_DOMAIN = "com.microsoft.nchwc"
@@ -80,6 +80,21 @@ def session_options(threads: int = 0):
         so.intra_op_num_threads = threads
     ort_mx_ops.register(so)
     return so
+
+
+def parse_shapes(items: list[str], flag: str = "--shape") -> dict[str, list[int]]:
+    """``["x=1x3x48x192", ...]`` -> ``{"x": [1, 3, 48, 192]}``; ``ValueError`` naming
+    ``flag`` for anything else."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise ValueError(f"{flag} wants NAME=D0xD1x..., got {item!r}") from None
+    return shapes
 
 
 def _optimized_by_ort(model_path: str, out_path: str) -> onnx.ModelProto:
@@ -350,13 +365,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="NAME=1x3x48x192: fix an input's shape (repeatable; fewer nodes)")
     args = p.parse_args(argv)
     try:
-        shapes = {}
-        for item in args.shape:
-            name, sep, dims = item.partition("=")
-            if not sep or not name:
-                raise ValueError(f"--shape wants NAME=D0xD1x..., got {item!r}")
-            shapes[name] = [int(d) for d in dims.lower().split("x")]
-        r = optimize_nchwc(args.input, args.output, shapes or None)
+        r = optimize_nchwc(args.input, args.output, parse_shapes(args.shape) or None)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

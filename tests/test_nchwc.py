@@ -4,6 +4,8 @@ on inputs of several shapes and with special values, and removes layout conversi
 says it does."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -137,3 +139,28 @@ def test_bad_paths(tmp_path):
     assert open(q, "rb").read() == before
     assert nchwc.main([q, str(tmp_path / "o.onnx")]) == 0
     assert nchwc.main([str(tmp_path / "missing.onnx"), str(tmp_path / "o2.onnx")]) == 2
+
+
+def test_quantize_cli(tmp_path):
+    """ort-mx-quantize --nchwc writes the pre-optimised model: the same bits as quantizing
+    alone; it refuses to write over its input."""
+    from ort_mx_ops.quantizer import cli
+    model = _cnn(tmp_path / "m.onnx")
+    plain, fast = str(tmp_path / "q.onnx"), str(tmp_path / "q_nchwc.onnx")
+    assert cli.main([model, plain, "--config", "BF16", "--quiet"]) == 0
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape",
+                     "x=1x3x12x16", "--quiet"]) == 0
+    meta = {p.key for p in onnx.load(fast).metadata_props}
+    assert nchwc.METADATA_KEY in meta
+    x = _inputs()[0]
+    a = _run(plain, ort_mx_ops.register(ort.SessionOptions()), x)
+    b = _run(fast, nchwc.session_options(), x)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    before = open(model, "rb").read()
+    assert cli.main([model, model, "--config", "BF16", "--nchwc", "--quiet"]) == 2
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape", "x=1x3",
+                     "--quiet"]) == 2
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape", "bad",
+                     "--quiet"]) == 2
+    assert open(model, "rb").read() == before
+    assert [f for f in os.listdir(tmp_path) if f.startswith(".ort-mx")] == []
