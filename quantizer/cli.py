@@ -52,8 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="float ONNX model")
     p.add_argument("output", help="where to write the quantized model (never the input)")
-    p.add_argument("--config", required=True, metavar="NAME",
+    p.add_argument("--config", metavar="NAME",
                    help=f"format for activations and weights: {', '.join(config_names())}")
+    p.add_argument("--tensor", action="append", metavar="NAME=CONFIG[:axis=N]",
+                   help="a node on this tensor only, no automatic placement (repeatable; "
+                        "replaces --config; without :axis=N the tensor's reader chooses the "
+                        "axis as the quantizer does)")
     p.add_argument("--weight-config", metavar="NAME",
                    help="a different format for weights (e.g. --config BF16 "
                         "--weight-config MXINT8); 'none' keeps weights float")
@@ -96,8 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ort-mx-quantize``; returns the process exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from .config import get_config
+
+    if args.tensor:
+        from .surgery import run_tensor_flags
+        return run_tensor_flags(args)
+    if args.config is None:
+        parser.error("the following arguments are required: --config (or --tensor)")
 
     try:
         base = get_config(args.config)
