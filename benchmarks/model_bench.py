@@ -37,7 +37,7 @@ import ort_mx_ops
 from ort_mx_ops.benchmarks.harness import machine_info
 from ort_mx_ops.formats import CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
-__all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_breakdown",
+__all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_breakdowns",
            "make_feeds", "LAYOUT_OPS", "markdown"]
 
 LAYOUT_OPS = ("ReorderInput", "ReorderOutput")  # onnxruntime's NCHW <-> NCHWc conversions
@@ -140,17 +140,22 @@ def our_op_types(model: onnx.ModelProto) -> set[str]:
     return {n.op_type for n in model.graph.node if n.domain in _OUR_DOMAINS}
 
 
-def profile_breakdown(path: str, feeds: dict[str, np.ndarray], runs: int, threads: int,
-                      ours: set[str], workdir: str) -> dict[str, Any]:
-    """Per-op-type time of one run from onnxruntime's profiler: each node's median kernel
-    time over ``runs`` runs (after one warm-up), summed per op type.  Shares are of the
-    summed node time, so they add up to 1."""
-    sess = _session(path, threads, profile_prefix=os.path.join(workdir, "prof"),
-                    optimization=_optimization_of(path))
-    sess.run(None, feeds)
-    for _ in range(runs):
-        sess.run(None, feeds)
-    prof_path = sess.end_profiling()
+def profile_breakdowns(paths: dict[str, str], feeds: dict[str, np.ndarray], runs: int,
+                       threads: int, ours: set[str], workdir: str) -> dict[str, dict[str, Any]]:
+    """Per model of ``paths``, the per-op-type time of one run from onnxruntime's profiler:
+    each node's median kernel time over ``runs`` runs (after one warm-up), summed per op
+    type.  The models run in turns, one run each per round, so load from elsewhere hits them
+    alike.  Shares are of the summed node time, so they add up to 1."""
+    sessions = {label: _session(path, threads, optimization=_optimization_of(path),
+                                profile_prefix=os.path.join(workdir, f"profile{i}"))
+                for i, (label, path) in enumerate(paths.items())}
+    for _ in range(runs + 1):
+        for sess in sessions.values():
+            sess.run(None, feeds)
+    return {label: _breakdown(sess.end_profiling(), ours) for label, sess in sessions.items()}
+
+
+def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
     try:
         events = json.loads(Path(prof_path).read_text())
     finally:
@@ -187,7 +192,7 @@ def profile_breakdown(path: str, feeds: dict[str, np.ndarray], runs: int, thread
     layout_s = sum(r["seconds"] for op, r in by_op.items() if op in LAYOUT_OPS)
     return {
         "node_seconds": total,
-        "runs": runs,
+        "runs": max((len(d) for d in per_node.values()), default=1) - 1,
         "ops": dict(sorted(by_op.items(), key=lambda kv: -kv[1]["seconds"])),
         "ours_seconds": ours_s,
         "ours_share": ours_s / total if total > 0 else 0.0,
@@ -309,12 +314,11 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         times = _interleaved(sessions, feeds, opts.warmup, opts.rounds, opts.min_time,
                              opts.max_rounds)
         del sessions
-        profiles = {}
-        for label, p in variants.items():
-            profiles[label] = profile_breakdown(p, feeds, opts.profile_runs, opts.threads,
-                                                ours, workdir)
-            opts.log(f"  profiled {label}: ours {profiles[label]['ours_share']:.1%}, layout "
-                     f"{profiles[label]['layout_share']:.1%}")
+        profiles = profile_breakdowns(variants, feeds, opts.profile_runs, opts.threads, ours,
+                                      workdir)
+        for label, prof in profiles.items():
+            opts.log(f"  profiled {label}: ours {prof['ours_share']:.1%}, layout "
+                     f"{prof['layout_share']:.1%}")
     f_med, f_min = statistics.median(times["float"]), min(times["float"])
     f_layout = profiles["float"]["layout_seconds"]
     rows = []
