@@ -318,11 +318,12 @@ def optimize_nchwc(model_path: str, output_path: str,
     shapes are then refused by onnxruntime); knowing the shapes, a node needs no Shape /
     Reshape around it (one node instead of three where the width is a multiple of its block
     size).  Raises ``ValueError`` when input and output are the same file or a shape does not
-    fit the model."""
+    fit the model, and refuses (``ValueError`` / ``FileNotFoundError``) to write over the
+    input model or its data files, or into a missing directory."""
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"model file not found: {model_path}")
-    if os.path.exists(output_path) and os.path.samefile(model_path, output_path):
-        raise ValueError("refusing to write the optimised model over its input")
+    from .quantize import check_output
+    check_output(model_path, output_path)
     ort = _ort()
     block = nchwc_block_size()
     shapes = _static_shapes(model_path, input_shapes) if input_shapes else None

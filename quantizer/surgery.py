@@ -692,7 +692,7 @@ def run_tensor_flags(args: Any) -> int:
         model, _ = _load(args.input)
         out, records = _insert(model, requests, legacy_names=args.legacy_names,
                                bf16_cast=args.bf16_cast)
-        save_model_atomic(out, args.output)
+        save_model_atomic(out, args.output, input_model=args.input)
     except TensorError as exc:
         return fail(f"--tensor {flags.get(exc.tensor, exc.tensor)}: {exc}")
     except (ValueError, FileNotFoundError, RuntimeError, onnx.checker.ValidationError) as exc:

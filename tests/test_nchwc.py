@@ -134,8 +134,10 @@ def test_bad_paths(tmp_path):
     q = str(tmp_path / "q.onnx")
     quantize_model(_cnn(tmp_path / "m.onnx"), q, "BFP16")
     before = open(q, "rb").read()
-    with pytest.raises(ValueError, match="over its input"):
+    with pytest.raises(ValueError, match="over the input"):
         nchwc.optimize_nchwc(q, q)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        nchwc.optimize_nchwc(q, str(tmp_path / "no" / "o.onnx"))
     assert open(q, "rb").read() == before
     assert nchwc.main([q, str(tmp_path / "o.onnx")]) == 0
     assert nchwc.main([str(tmp_path / "missing.onnx"), str(tmp_path / "o2.onnx")]) == 2
@@ -161,6 +163,8 @@ def test_quantize_cli(tmp_path):
     assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape", "x=1x3",
                      "--quiet"]) == 2
     assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape", "bad",
+                     "--quiet"]) == 2
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--external-data",
                      "--quiet"]) == 2
     assert open(model, "rb").read() == before
     assert [f for f in os.listdir(tmp_path) if f.startswith(".ort-mx")] == []
