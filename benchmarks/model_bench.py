@@ -226,6 +226,8 @@ def _first_input_elements(args: dict) -> int:
 def _interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.ndarray],
                  warmup: int, rounds: int, min_time: float = 0.0,
                  max_rounds: int = 1000) -> dict[str, list[float]]:
+    """Run times (s) per session: after ``warmup`` runs each, the sessions run in turns, at
+    least ``rounds`` rounds and ``min_time`` seconds (at most ``max_rounds`` rounds)."""
     for s in sessions.values():
         for _ in range(warmup):
             s.run(None, feeds)
@@ -244,6 +246,8 @@ def _interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.
 
 
 def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
+    """The largest difference of ``out`` from ``ref`` where both are finite, and whether they
+    are finite in the same places."""
     diffs, finite_ok = [], True
     for a, b in zip(ref, out):
         a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -259,11 +263,13 @@ def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dict[str, dict]]:
+    """Model paths per variant label (each config, and with ``opts.nchwc`` its pre-optimised
+    form and the float model's) and what was done to make each."""
     from ort_mx_ops.quantizer import quantize_model
+    from ort_mx_ops.quantizer.nchwc import optimize_nchwc
     paths, info = {}, {}
     if opts.nchwc:
         # the control: the float model pre-optimised and run the same way (nothing rewritten)
-        from ort_mx_ops.quantizer.nchwc import optimize_nchwc
         paths["float+nchwc"] = os.path.join(workdir, "float_nchwc.onnx")
         optimize_nchwc(opts.model, paths["float+nchwc"], opts.shapes or None)
         info["float+nchwc"] = {"same_as": "float"}
@@ -277,7 +283,6 @@ def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dic
         paths[config] = out
         opts.log(f"  quantized {config}: {runtime} runtime nodes")
         if opts.nchwc:
-            from ort_mx_ops.quantizer.nchwc import optimize_nchwc
             label = f"{config}+nchwc"
             paths[label] = os.path.join(workdir, f"{config}_nchwc.onnx")
             rep = optimize_nchwc(out, paths[label], opts.shapes or None)

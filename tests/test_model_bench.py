@@ -138,3 +138,29 @@ def test_token_input_and_errors(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model",
                            str(tmp_path / "missing.onnx")], capture_output=True, text=True)
     assert proc.returncode == 2 and "not found" in proc.stderr
+
+
+def test_nchwc_variants(tmp_path):
+    """--nchwc: the pre-optimised float model as control, each config's pre-optimised model,
+    bit-identical to the config's own outputs."""
+    from ort_mx_ops.quantizer.nchwc import nchwc_block_size
+    block = nchwc_block_size()
+    if block == 0:
+        pytest.skip("onnxruntime uses no NCHWc layout here")
+    model = _conv_chain(tmp_path / "chain.onnx")
+    opts = model_bench.ModelOptions(model=model, configs=["BFP16", "MXINT8"],
+                                    shapes={"x": [1, 3, 12, 12]}, warmup=1, rounds=2,
+                                    min_time=0.0, profile_runs=1, nchwc=True,
+                                    log=lambda s: None)
+    doc = model_bench.run_model_bench(opts)
+    rows = {r["variant"]: r for r in doc["results"]}
+    assert list(rows) == ["float", "float+nchwc", "BFP16", "BFP16+nchwc", "MXINT8",
+                          "MXINT8+nchwc"]
+    for label in ("float+nchwc", "BFP16+nchwc", "MXINT8+nchwc"):
+        assert rows[label]["bit_identical_to_same_as"] is True
+        assert rows[label]["ratio_to_float_nchwc"] > 0
+    # conv0 -> relu -> node -> conv1 and conv1 -> node -> conv2: BFP16's blocks of 8 fit
+    assert rows["BFP16+nchwc"]["nchwc_rewritten"] == 2
+    layout = {k: r["profile"]["layout_nodes"] for k, r in rows.items()}
+    assert layout["BFP16+nchwc"] == layout["BFP16"] - 4
+    assert rows["MXINT8+nchwc"]["nchwc_rewritten"] == (2 if block % 32 == 0 else 0)
