@@ -386,8 +386,8 @@ def markdown(doc: dict) -> str:
     out.append("- ×float: median latency / the float model's median, from the same rounds; "
                "(best): the same from each one's fastest run; (paired): the median over rounds "
                "of this run / the float run of the same round; node time ×float: summed "
-               "per-node median kernel times from the profiler / the float model's. Shares are of the summed "
-               "per-node kernel time; layout = ReorderInput + ReorderOutput; extra layout = "
+               "per-node median kernel times from the profiler / the float model's. Shares "
+               "are of the summed per-node kernel time; layout = ReorderInput + ReorderOutput; extra layout = "
                "its time beyond the float model's, as a share of the float model's node time")
     out.append("")
     control = any("ratio_to_float_nchwc" in r for r in doc["results"])
