@@ -377,14 +377,14 @@ def test_ocr_model_insert_strip_and_reference():
     onnx.checker.check_model(q)
     assert len(ours(q)) == 5 and g.output[0].name == q.graph.output[0].name
     assert strip_qdq(q) == m
-    # the activation along Conv's channel axis, the MatMul input along its last axis (its
-    # rank is unknown to shape inference: -1), as quantize_model places them
+    # the activation along Conv's channel axis, the MatMul input along its last axis (rank 3,
+    # known to symbolic shape inference: 2), as quantize_model places them
     axes = {n.input[0]: helper.get_attribute_value(a) for n in ours(q) for a in n.attribute
             if a.name == "axis"}
-    assert axes == {act: 1, weight: 0, matmul.input[0]: -1}
+    assert axes == {act: 1, weight: 0, matmul.input[0]: 2}
     sites = quantize_model(m, None, "MXINT8", fold_weights=False).sites
     assert {s.tensor: s.axis for s in sites if s.tensor in (act, matmul.input[0])} == \
-        {act: 1, matmul.input[0]: -1}
+        {act: 1, matmul.input[0]: 2}
     x = np.random.default_rng(7).random((1, 3, 48, 320), dtype=np.float32)
     expected = expected_outputs(m, {"x": x}, {
         act: lambda v: quantize_ref(v, "MXFP8E4M3", 1),
