@@ -4,6 +4,7 @@
     ort-mx-bench --tiny                          # smoke sweep (seconds)
     ort-mx-bench --sizes 16Mi --dtypes float32   # the CPU target point
     ort-mx-bench --other-library /path/to/libcustom_ops.so   # e.g. Quark's, same op names
+    ort-mx-bench --model model.onnx [--configs MX9,MXINT8]  # model level: see model_bench.py
 """
 from __future__ import annotations
 
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--model", default=None,
+                   help="model-level mode: quantized vs float latency of this ONNX model and "
+                        "where the time goes (ort-mx-bench --model M --help for its options)")
     return p
 
 
@@ -88,6 +92,10 @@ def _resolve_eps(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        from ort_mx_ops.benchmarks import model_bench  # the model-level mode
+        return model_bench.main(argv)
     args = build_parser().parse_args(argv)
     configs = list(CONFIGS) if args.configs == "all" else _list(args.configs)
     for c in configs:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import tempfile
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .calibration import NpzReader
 from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS, WEIGHT_STORAGES
-from .quantize import quantize_model
+from .quantize import check_output, quantize_model
 
 __all__ = ["main", "NpzReader"]
 
@@ -36,6 +38,8 @@ class _Parser(argparse.ArgumentParser):
 _FLAGS = {"a calibration_data_reader": "--calib or --calib-reader",
           "bf16_activation_scaled": "--bf16-activation-scaled",
           "bf16_qdq_to_cast": "--bf16-cast", "fold_weights=False": "--no-fold",
+          "it needs fold_weights=True": "it cannot be combined with --no-fold",
+          "weight_storage=": "--weight-storage ",
           "QuantizationConfig needs an activation or a weight FormatSpec":
           "--activation-config none and --weight-config none leave nothing to quantize"}
 
@@ -104,6 +108,23 @@ def _load_reader(spec: str):
     return reader
 
 
+def _quantize_nchwc(args: argparse.Namespace, cfg, reader):
+    """Quantize into a temporary file beside the output, then write the output through
+    quantizer.nchwc; returns the quantization summary and the NCHWc report."""
+    from .nchwc import optimize_nchwc, parse_shapes
+    if args.external_data:
+        raise ValueError("--nchwc writes onnxruntime's optimised graph as one file; "
+                         "--external-data does not apply to it")
+    check_output(args.input, args.output)
+    shapes = parse_shapes(args.nchwc_shape, "--nchwc-shape")
+    directory = os.path.dirname(os.path.abspath(args.output))
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".ort-mx-quantize-") as tmp:
+        plain = os.path.join(tmp, "quantized.onnx")
+        summary = quantize_model(args.input, plain, cfg, reader, progress=not args.quiet)
+        report = optimize_nchwc(plain, args.output, shapes or None)
+    return summary, report
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ort-mx-quantize", description="Insert BFP / MX / BF16 quantize-dequantize nodes "
@@ -152,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calibration batch size")
     p.add_argument("--calib-reader", metavar="MODULE:CALLABLE",
                    help="a callable returning a CalibrationDataReader")
+    p.add_argument("--nchwc", action="store_true",
+                   help="write the model pre-optimised by onnxruntime for this CPU, with the "
+                        "nodes inside its NCHWc layout where that keeps every output bit "
+                        "(hardware-specific; run it with graph optimisations off: "
+                        "docs/quantizer.md)")
+    p.add_argument("--nchwc-shape", action="append", default=[], metavar="NAME=D0xD1...",
+                   help="with --nchwc: fix an input's shape (repeatable; fewer nodes)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     p.add_argument("--external-data", action="store_true",
@@ -190,14 +218,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reader = NpzReader(args.calib, args.calib_batch)
         elif args.calib_reader:
             reader = _load_reader(args.calib_reader)
-        summary = quantize_model(args.input, args.output, cfg, reader, progress=not args.quiet,
-                                 external_data=args.external_data)
+        if args.nchwc:
+            summary, report = _quantize_nchwc(args, cfg, reader)
+        else:
+            summary = quantize_model(args.input, args.output, cfg, reader,
+                                     progress=not args.quiet, external_data=args.external_data)
     except (ValueError, OSError, RuntimeError) as exc:
         return _fail(exc)
     except Exception as exc:  # anything else still ends in one line, not a traceback
         return _fail(f"{type(exc).__name__}: {exc}")
     if not args.quiet:
         print(summary)
+        if args.nchwc:
+            print(f"NCHWc block {report.block}: {len(report.rewritten)} nodes inside the "
+                  f"blocked layout, layout conversions {report.reorders_before} -> "
+                  f"{report.reorders_after}; {len(report.kept)} kept their conversions")
         print(f"wrote {args.output}")
     if args.summary_json:
         try:

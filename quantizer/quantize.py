@@ -26,7 +26,8 @@ from .placement import plan_model, Site
 from .storage import StoredWeight, apply_weight_storage, check_weight_storage
 from .summary import QuantizationSummary, SiteRecord
 
-__all__ = ["quantize_model", "fold_weight", "save_model_atomic", "EXTERNAL_DATA_THRESHOLD"]
+__all__ = ["quantize_model", "fold_weight", "save_model_atomic", "check_output",
+           "EXTERNAL_DATA_THRESHOLD"]
 
 # Protobuf cannot serialise a message of 2 GiB or more; stay clear of it with some margin.
 EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 64 * 1024 ** 2
@@ -145,6 +146,16 @@ def _check_output_dir(path: str) -> None:
                                 "first (nothing was written)")
     if os.path.isdir(path):
         raise ValueError(f"output {path} is a directory; give a file name")
+
+
+def check_output(input_model: str, output: str) -> None:
+    """Refuse, before any work, an output whose directory is missing, that is a directory,
+    or that is the input model or one of its external data files."""
+    _check_output_dir(output)
+    if _same_file(input_model, output):
+        raise ValueError(f"refusing to write over the input model {input_model!r}; choose "
+                         "another output path")
+    _refuse_input_files([output], input_model)
 
 
 def _same_file(a: str, b: str) -> bool:
