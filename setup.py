@@ -138,8 +138,10 @@ def find_ort_headers(build_dir: Path) -> Path:
 # The ninja build
 # --------------------------------------------------------------------------------------------
 
-COMMON_SOURCES = ["csrc/common/params.cc", "csrc/cpu/qdq_cpu.cc"]
+COMMON_SOURCES = ["csrc/common/params.cc", "csrc/cpu/qdq_cpu.cc", "csrc/common/packed_params.cc",
+                  "csrc/cpu/packed_cpu.cc"]
 ORT_FRONT_END = "csrc/ort/register.cc"
+PACKED_FRONT_END = "csrc/ort/packed_ops.cc"
 CPU_PROVIDERS = "csrc/ort/providers_cpu.cc"
 GPU_PROVIDERS = "csrc/ort/providers_gpu.cc"
 GPU_TEST_ENTRY = "csrc/cuda/test_entry.cu"
@@ -203,8 +205,8 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
     # (csrc/cpu/qdq_simd.h); never -march=native.
     cpu_objs += [compile_cxx(SIMD_SOURCE, f"cpu_simd{width}", f"{flags} -DMXOPS_SIMD_WIDTH={width}")
                  for width, flags in SIMD_VARIANTS]
-    front_end = compile_cxx(ORT_FRONT_END, "cpu", "$ortinc")
-    reg_cpu = [front_end, compile_cxx(CPU_PROVIDERS, "cpu", "$ortinc")]
+    front_end = [compile_cxx(src, "cpu", "$ortinc") for src in (ORT_FRONT_END, PACKED_FRONT_END)]
+    reg_cpu = front_end + [compile_cxx(CPU_PROVIDERS, "cpu", "$ortinc")]
     build.append(f"build {outputs['cpu']}: link {' '.join(cpu_objs + reg_cpu)}\n"
                  "  ldflags = -Wl,--exclude-libs,ALL -static-libstdc++ -static-libgcc")
     native = compile_cxx("csrc/python/native_module.cc", "cpu", "$pyinc")
@@ -228,7 +230,7 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
             build.append(f"build {objs[-1]}: {variant}_cc $root/{src}")
         providers = compile_cxx(GPU_PROVIDERS, variant, "$ortinc")
         build.append(f"build {outputs[variant]}: {variant}_link "
-                     f"{' '.join(cpu_objs + [front_end] + objs + [providers])}")
+                     f"{' '.join(cpu_objs + front_end + objs + [providers])}")
         test_obj = _obj(GPU_TEST_ENTRY, variant)
         build.append(f"build {test_obj}: {variant}_cc $root/{GPU_TEST_ENTRY}")
         build.append(f"build {outputs[variant + '_tests']}: {variant}_link "

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .calibration import NpzReader
-from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS
+from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS, WEIGHT_STORAGES
 from .quantize import check_output, quantize_model
 
 __all__ = ["main", "NpzReader"]
@@ -38,6 +38,8 @@ class _Parser(argparse.ArgumentParser):
 _FLAGS = {"a calibration_data_reader": "--calib or --calib-reader",
           "bf16_activation_scaled": "--bf16-activation-scaled",
           "bf16_qdq_to_cast": "--bf16-cast", "fold_weights=False": "--no-fold",
+          "it needs fold_weights=True": "it cannot be combined with --no-fold",
+          "weight_storage=": "--weight-storage ",
           "QuantizationConfig needs an activation or a weight FormatSpec":
           "--activation-config none and --weight-config none leave nothing to quantize"}
 
@@ -153,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'quark' reproduces Quark's placement (every op's inputs, axis 1)")
     p.add_argument("--no-fold", action="store_true",
                    help="keep a runtime node on each weight instead of folding it offline")
+    p.add_argument("--weight-storage", choices=list(WEIGHT_STORAGES), default="folded",
+                   help="how folded weights are written: float tensors (folded), packed codes "
+                        "for MXDequantize / BFPDequantize (packed, several times smaller), or "
+                        "standard DequantizeLinear (onnx; MXFP8, MXINT8, BF16) "
+                        "(default: %(default)s)")
     p.add_argument("--legacy-names", action="store_true",
                    help="emit com.vai.quantize BFPFixNeuron / MXFixNeuron")
     p.add_argument("--bf16-cast", action="store_true",
@@ -202,6 +209,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
             quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
             placement=args.placement, fold_weights=not args.no_fold,
+            weight_storage=args.weight_storage,
             legacy_names=args.legacy_names, bf16_qdq_to_cast=args.bf16_cast,
             bf16_weight_scaled=args.bf16_weight_scaled,
             bf16_activation_scaled=args.bf16_activation_scaled)

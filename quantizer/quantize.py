@@ -23,6 +23,7 @@ from .config import QuantizationConfig, FormatSpec, get_config
 from .graph import ModelView
 from .nodes import NodeFactory
 from .placement import plan_model, Site
+from .storage import StoredWeight, apply_weight_storage, check_weight_storage
 from .summary import QuantizationSummary, SiteRecord
 
 __all__ = ["quantize_model", "fold_weight", "save_model_atomic", "check_output",
@@ -246,11 +247,13 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     ``op_types_to_quantize``, ``nodes_to_exclude``, ``quantize_all_op_types``, ``placement``
     ("default" or "quark"), ``fold_weights``, ``legacy_names``, ``bf16_qdq_to_cast``,
     ``bf16_weight_scaled``, ``bf16_activation_scaled``, ``bf16_scale_target``,
-    ``quantize_bias``.  ``calibration_data_reader`` follows onnxruntime's
+    ``quantize_bias``, ``weight_storage`` ("folded", "packed" or "onnx": how folded weights
+    are written, docs/packed_weights.md).  ``calibration_data_reader`` follows onnxruntime's
     ``CalibrationDataReader``; it is read only where a range is needed (BF16 activation
     rescaling).
 
-    The output keeps the input's IR version, opsets, graph inputs, outputs and tensor names,
+    The output keeps the input's IR version, opsets (``weight_storage="onnx"`` raises them to
+    IR 10 / opset 21 where lower), graph inputs, outputs and tensor names,
     imports the custom domains it uses at version 1, passes ``onnx.checker``, and is never
     written over the input file.  Returns a :class:`QuantizationSummary`."""
     start = time.perf_counter()
@@ -272,6 +275,9 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
 
     view = ModelView(model, base_dir=os.path.dirname(in_path) if in_path else None)
     plan = plan_model(view, cfg)
+    for site in plan.sites:  # before any work: a format the chosen storage cannot hold
+        if site.kind == "weight":
+            check_weight_storage(cfg.weight_storage, site.spec)
 
     # Ranges, where a BF16 scale is derived from them.
     act_scales: dict[str, float] = {}
@@ -287,8 +293,13 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     rewriter = _Rewriter(model, view, cfg)
     records = [rewriter.apply(site, act_scales.get(site.tensor)) for site in plan.sites]
     plan.skipped.extend(rewriter.skipped)
-    records = [r for r in records if r is not None]
     rewriter.finish()
+    if cfg.weight_storage != "folded":
+        stored = [StoredWeight(r.output, site.spec, site.axis, site.flatten)
+                  for site, r in zip(plan.sites, records)
+                  if r is not None and r.folded and site.kind == "weight"]
+        plan.skipped.extend(apply_weight_storage(model, stored, cfg.weight_storage))
+    records = [r for r in records if r is not None]
 
     summary = QuantizationSummary(
         config=cfg.name, placement=cfg.placement, fold_weights=cfg.fold_weights,

@@ -14,19 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned elementwise_grid(int64_t n) {
-  int64_t ctas = (n + kThreads - 1) / kThreads;
-  if (ctas < 1) ctas = 1;
-  return static_cast<unsigned>(ctas < kMaxCtas ? ctas : kMaxCtas);
-}
-
-std::string launch_status(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return "";
-  return std::string(MXOPS_GPU_BACKEND_NAME " launch of ") + what + " failed: " +
-         cudaGetErrorString(e);
-}
-
 // A one-element tensor is returned unchanged (rounded to bfloat16 first when asked), as the
 // CPU backend does.
 template <class IO>
@@ -100,7 +87,7 @@ std::string launch_bf16_quantize_linear(const float* x, const float* scale,
                                         const Geometry& g, uint16_t* y, void* stream) {
   if (g.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s,
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads, s,
                bf16_linear_kernel<Bf16QuantizeElement, float, uint16_t>)(
       x, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, y);
   return launch_status("the bfloat16 quantize kernel");
@@ -111,7 +98,7 @@ std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
                                           const Geometry& g, float* x, void* stream) {
   if (g.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s,
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads, s,
                bf16_linear_kernel<Bf16DequantizeElement, uint16_t, float>)(
       y, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, x);
   return launch_status("the bfloat16 dequantize kernel");

@@ -2,13 +2,25 @@
 // kernels.h: the launchers of csrc/cuda/gpu_backend.h on ORT's compute stream.
 #pragma once
 
+#include "../common/packed_params.h"
 #include "../cuda/gpu_backend.h"
+#include "../cuda/packed_launch.h"
 #include "kernels.h"
 
 namespace mxops::ort {
 
 struct GpuBackend {
   static const char* provider() { return gpu::execution_provider(); }
+  static constexpr bool kDecodeOnce = false;  // packed_ops.h: decode on every run
+
+  // Exception indices outside the tensor are skipped on the device (they live there).
+  static void packed_dequantize(OrtKernelContext* context, const std::string& label,
+                                const packed::PackedOp& op, const packed::PackedInputs& in,
+                                float* y) {
+    check(label, gpu::launch_packed_dequantize(op.params, in.buffers, op.num_elements,
+                                               in.exception_indices, in.exception_values,
+                                               in.exception_count, y, stream(context)));
+  }
 
   static void quantize_dequantize(OrtKernelContext* context, const std::string& label,
                                   const QdqParams& p, DType t, const void* x, void* y,
