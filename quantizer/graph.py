@@ -8,6 +8,8 @@ sequence or spatial dimension whose length changes from run to run.
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -58,7 +60,16 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     the fallback, the model itself if both fail (large or unusual models)."""
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-        out = SymbolicShapeInference.infer_shapes(copy.deepcopy(model), auto_merge=True)
+        # Where inference is incomplete the tool saves "sym_shape_infer_temp.onnx" (and its
+        # data files) into the current directory before raising: run it in a scratch folder
+        # so no file of the user's is written or overwritten.
+        with tempfile.TemporaryDirectory(prefix="ort-mx-shapes-") as scratch:
+            previous = os.getcwd()
+            os.chdir(scratch)
+            try:
+                out = SymbolicShapeInference.infer_shapes(copy.deepcopy(model), auto_merge=True)
+            finally:
+                os.chdir(previous)
         if out is not None:
             return out
     except Exception as exc:  # the tool raises on ops it does not know; plain inference next

@@ -213,3 +213,25 @@ def test_external_data_option_on_a_model_of_small_tensors(tmp_path):
     s = quantize_model(model, str(tmp_path / "q.onnx"), "MXINT8", external_data=True)
     assert sorted(os.listdir(tmp_path)) == ["q.onnx"]
     assert s.output_bytes == (tmp_path / "q.onnx").stat().st_size
+
+
+def test_shape_inference_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):
+    """onnxruntime's symbolic shape inference saves ``sym_shape_infer_temp.onnx`` and data
+    files into the current directory when inference is incomplete (here: our op, which it
+    does not know); the quantizer must not leave them in (or overwrite) the user's folder."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from ort_mx_ops.quantizer.graph import ModelView
+
+    graph = helper.make_graph(
+        [helper.make_node("MXQuantizeDequantize", ["x"], ["y"], domain="com.amd.quark", axis=1),
+         helper.make_node("MatMul", ["y", "W"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((64, 300), np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.amd.quark", 1)])
+    monkeypatch.chdir(tmp_path)
+    view = ModelView(model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert view.shape.get("x") == (1, 64)
