@@ -259,10 +259,9 @@ struct Walker {
         }
         s = L::group_max(s, steps);
         if constexpr (Pol::kSubBlocks) {
-          const auto bp = pol.block_params(s);
           for (int64_t i = 0; i < nv; ++i) {
             const F v = load(px + g + i * W);
-            store(py + g + i * W, pol.apply(v, pol.sub_params(bp, s, L::group_max(pol.key(v), sub_steps))));
+            store(py + g + i * W, pol.apply(v, pol.params(s, L::group_max(pol.key(v), sub_steps))));
           }
         } else {
           const Params p = pol.params(s, s);
