@@ -33,6 +33,11 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 CXXFLAGS = "-std=c++17 -O3 -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wextra"
+# MXOPS_SANITIZE=1 (CI's sanitizer job): only the CPU library, with AddressSanitizer and
+# UndefinedBehaviorSanitizer, into build/sanitize/ (never installed); any report aborts.
+SANITIZE = bool(os.environ.get("MXOPS_SANITIZE"))
+SANITIZE_FLAGS = "-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+SANITIZE_DIR = ROOT / "build" / "sanitize"
 MIN_ORT_API_VERSION = 21  # the API the library is written against (onnxruntime >= 1.21)
 GPU_TEST_DIR = ROOT / "build" / "gpu-tests"
 
@@ -183,7 +188,7 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
     py_include = sysconfig.get_paths()["include"]
     lines = [
         f"root = {ROOT}",
-        f"cxxflags = {CXXFLAGS} -I$root/csrc",
+        f"cxxflags = {CXXFLAGS} {SANITIZE_FLAGS if SANITIZE else ''} -I$root/csrc",
         f"ortinc = -isystem {ort_include}",
         f"pyinc = -isystem {py_include} -isystem {pybind11.get_include()}",
         "rule cxx",
@@ -207,8 +212,9 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
                  for width, flags in SIMD_VARIANTS]
     front_end = [compile_cxx(src, "cpu", "$ortinc") for src in (ORT_FRONT_END, PACKED_FRONT_END)]
     reg_cpu = front_end + [compile_cxx(CPU_PROVIDERS, "cpu", "$ortinc")]
-    build.append(f"build {outputs['cpu']}: link {' '.join(cpu_objs + reg_cpu)}\n"
-                 "  ldflags = -Wl,--exclude-libs,ALL -static-libstdc++ -static-libgcc")
+    build.append(f"build {outputs['cpu']}: link {' '.join(cpu_objs + reg_cpu)}\n" + (
+        f"  ldflags = {SANITIZE_FLAGS}" if SANITIZE else
+        "  ldflags = -Wl,--exclude-libs,ALL -static-libstdc++ -static-libgcc"))
     native = compile_cxx("csrc/python/native_module.cc", "cpu", "$pyinc")
     build.append(f"build {outputs['native']}: link {' '.join(cpu_objs + [native])}\n"
                  "  ldflags = -pthread")
@@ -267,6 +273,17 @@ class NinjaBuildExt(build_ext):
         package_dir = native_path.parent
         package_dir.mkdir(parents=True, exist_ok=True)
         outputs = {"cpu": "libort_mx_ops_cpu.so", "native": native_path.name}
+        if SANITIZE:
+            announce("MXOPS_SANITIZE: building the CPU library with -fsanitize=address,undefined "
+                     f"into {SANITIZE_DIR} (not installed)")
+            write_build_ninja(build_dir, outputs, find_ort_headers(build_dir), None, None)
+            jobs = os.environ.get("MXOPS_BUILD_JOBS", str(os.cpu_count() or 2))
+            subprocess.run([_ninja_binary(), "-C", str(build_dir), "-j", jobs, outputs["cpu"]],
+                           check=True)
+            SANITIZE_DIR.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(build_dir / outputs["cpu"], SANITIZE_DIR / outputs["cpu"])
+            log(f"sanitized CPU library: {SANITIZE_DIR / outputs['cpu']}")
+            return
 
         nvcc = None if os.environ.get("MXOPS_NO_CUDA") else shutil.which("nvcc")
         hipcc = None if os.environ.get("MXOPS_NO_ROCM") else _find_hipcc()

@@ -14,6 +14,7 @@ format and ``opset_imports`` adds the domains a model needs (``ort_mx_ops.quanti
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,15 @@ def get_library_path(device: str = "CPU") -> str:
     The CUDA and ROCm libraries also register the CPU kernels, so one library serves a
     session that places nodes on either. Raises FileNotFoundError, saying why, when the
     library for that device was not built (its compiler was not found at install time).
+    The environment variable MXOPS_CPU_LIBRARY, when set, names another CPU library to use
+    (CI runs the tests against a sanitizer build this way).
     """
     key = device.upper()
     if key not in _LIBRARIES:
         raise ValueError(f"device must be one of {sorted(_LIBRARIES)}, got {device!r}")
     path = _PACKAGE_DIR / _LIBRARIES[key]
+    if key == "CPU" and os.environ.get("MXOPS_CPU_LIBRARY"):
+        path = Path(os.environ["MXOPS_CPU_LIBRARY"]).resolve()
     if not path.exists():
         hint = {"CPU": "reinstall the package (pip install .)",
                 "CUDA": "it is built only where nvcc was found at install time",

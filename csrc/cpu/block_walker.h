@@ -126,6 +126,32 @@ struct PrimeLanes {
     return bfp_prime_element<Mode>(x, p.core, m);
   }
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
+
+  // With one shift bit (MX9 / MX6 / MX4) a sub-block's shift is 0 (its maximum is the
+  // block's) or 1, so its parameters are one of two sets computed once per block: `two`
+  // when both allow the addition form in every lane; sub_params then picks per lane.
+  struct BlockParams {
+    Params p0, p1;
+    bool two;
+  };
+  MXOPS_VINL BlockParams block_params(I s) const {
+    BlockParams b;
+    b.two = false;
+    if (shift_bits != 1) return b;
+    b.p0 = params(s, s);
+    b.p1 = params(s, s - 1);
+    b.two = b.p0.by_addition && b.p1.by_addition;
+    return b;
+  }
+  MXOPS_VINL Params sub_params(const BlockParams& b, I s, I sm) const {
+    if (!b.two) return params(s, sm);
+    const auto shifted = sm < s;
+    Params p;
+    p.core.add = select(shifted, b.p1.core.add, b.p0.core.add);
+    p.core.sat = select(shifted, b.p1.core.sat, b.p0.core.sat);
+    p.by_addition = true;
+    return p;
+  }
 };
 
 template <class L, int Mode, int Kind>
@@ -143,6 +169,19 @@ struct MxLanes {
   MXOPS_VINL F apply(F x, const Params& p) const { return mx_element<Mode, Kind>(x, p, element); }
   MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
 };
+
+// The per-block parameter sets of a policy with sub-blocks (PrimeLanes::BlockParams); an
+// unused placeholder for the others.
+template <class Pol, class = void>
+struct BlockParamsOfT {
+  using type = char;
+};
+template <class Pol>
+struct BlockParamsOfT<Pol, std::void_t<typename Pol::BlockParams>> {
+  using type = typename Pol::BlockParams;
+};
+template <class Pol>
+using BlockParamsOf = typename BlockParamsOfT<Pol>::type;
 
 // ------------------------------------------------------------------------------------------
 // The walker
@@ -267,6 +306,9 @@ struct Walker {
         }
     }
     const int64_t step = Pol::kSubBlocks ? sub : n;
+    [[maybe_unused]] BlockParamsOf<Pol> bp[Pol::kSubBlocks ? kTileVectors : 1];
+    if constexpr (Pol::kSubBlocks)
+      for (int64_t v = 0; v < nv; ++v) bp[v] = pol.block_params(s[v]);
     for (int64_t a = 0; a < n; a += step) {
       const int64_t b = min64(n, a + step);
       if constexpr (Pol::kSubBlocks) {
@@ -275,7 +317,7 @@ struct Walker {
           const T* row = px + j * inner;
           for (int64_t v = 0; v < nv; ++v) sm[v] = imax(sm[v], pol.key(load(row + v * W)));
         }
-        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], sm[v]);
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.sub_params(bp[v], s[v], sm[v]);
       } else {
         for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
       }

@@ -15,8 +15,9 @@
 namespace mxops::cpu {
 namespace {
 
-// Elements per parallel task: large enough to amortise a thread-pool dispatch.
-constexpr int64_t kElementsPerTask = 1 << 15;
+// Elements per parallel task: large enough to amortise a thread-pool dispatch (a tensor of
+// up to this many elements runs on the calling thread alone).
+constexpr int64_t kElementsPerTask = 1 << 16;
 
 // A one-element tensor is returned unchanged (rounded to bfloat16 first when asked).
 template <class IO>

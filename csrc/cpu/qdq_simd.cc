@@ -68,8 +68,14 @@ struct VecLanes {
 
   // Maximum over aligned groups of 2^steps lanes: a butterfly of lane swaps (lane i with
   // lane i ^ 2^k).
+  // Each step's lane pattern is a constant, so it compiles to an in-lane shuffle where it can.
   static MXOPS_VINL I group_max(I v, int steps) {
-    for (int k = 0; k < steps; ++k) v = imax(v, __builtin_shuffle(v, iota() ^ (1 << k)));
+    if (steps > 0) v = imax(v, __builtin_shuffle(v, iota() ^ 1));
+    if (steps > 1) v = imax(v, __builtin_shuffle(v, iota() ^ 2));
+    if (steps > 2) v = imax(v, __builtin_shuffle(v, iota() ^ 4));
+#if MXOPS_SIMD_WIDTH == 16
+    if (steps > 3) v = imax(v, __builtin_shuffle(v, iota() ^ 8));
+#endif
     return v;
   }
 
