@@ -4,6 +4,7 @@
     ort-mx-bench --tiny                          # smoke sweep (seconds)
     ort-mx-bench --sizes 16Mi --dtypes float32   # the CPU target point
     ort-mx-bench --other-library /path/to/libcustom_ops.so   # e.g. Quark's, same op names
+    ort-mx-bench --model model.onnx [--configs MX9,MXINT8]  # model level: see model_bench.py
 """
 from __future__ import annotations
 
@@ -42,9 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="execution providers, comma separated (CPU, CUDA, ROCM or full names); "
                         "default: every one the installed onnxruntime has")
     p.add_argument("--configs", default="all", help=f"comma separated of {', '.join(CONFIGS)}")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
+    p.add_argument("--dtypes", default="float32,float16,bfloat16",
+                   help=f"input types, comma separated, of {', '.join(harness.ITEMSIZE)} "
+                        "(default: %(default)s; --tiny: float32)")
     p.add_argument("--layouts", default="innermost,outer",
-                   help="blocked axis innermost (axis 1 of [rows, cols]) and/or outer (axis 0)")
+                   help="comma separated, of innermost (blocked axis 1 of a [rows, cols] "
+                        "tensor) and outer (blocked axis 0) (default: %(default)s)")
     p.add_argument("--sizes", default=None,
                    help="elements, powers of two, comma separated (e.g. 4Ki,1Mi,16Mi); "
                         "default 4Ki..64Mi by factors of 4")
@@ -65,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--model", default=None,
+                   help="model-level mode: quantized vs float latency of this ONNX model and "
+                        "where the time goes (ort-mx-bench --model M --help for its options)")
     return p
 
 
@@ -85,6 +92,10 @@ def _resolve_eps(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        from ort_mx_ops.benchmarks import model_bench  # the model-level mode
+        return model_bench.main(argv)
     args = build_parser().parse_args(argv)
     configs = list(CONFIGS) if args.configs == "all" else _list(args.configs)
     for c in configs:
@@ -127,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             paths += report.write_plots(doc, out)
         except ImportError:
-            print("ort-mx-bench: matplotlib not installed (pip install 'ort_mx_ops[bench]'); "
-                  "no plots", file=sys.stderr)
+            print("ort-mx-bench: matplotlib not installed (pip install matplotlib, or "
+                  "pip install \".[bench]\" in the source tree); no plots", file=sys.stderr)
     for p in paths:
         log(f"wrote {p}")
     return 0

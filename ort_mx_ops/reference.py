@@ -16,6 +16,8 @@ from typing import Callable
 import numpy as np
 
 from .formats import MX_ELEMENT_FORMATS, BFP_METHODS, MXElementFormat, resolve_attrs
+# MXDequantize / BFPDequantize: the numpy readers of packed weights (docs/packed_weights.md).
+from .packing import unpack_bfp, unpack_mx
 
 __all__ = [
     "round_half",
@@ -27,6 +29,8 @@ __all__ = [
     "float32_to_float16",
     "extended_quantize_linear",
     "extended_dequantize_linear",
+    "unpack_mx",
+    "unpack_bfp",
 ]
 
 F32 = np.float32

@@ -12,37 +12,141 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import tempfile
 from typing import Optional, Sequence
 
+import numpy as np
+
 from .calibration import NpzReader
-from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS
-from .quantize import quantize_model
+from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS, WEIGHT_STORAGES
+from .quantize import check_output, quantize_model
 
 __all__ = ["main", "NpzReader"]
 
 
+class UsageError(ValueError):
+    """A bad flag value, reported as one line naming the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line with status 2, not argparse's usage block
+        _fail(f"{message} (see --help)")
+        sys.exit(2)
+
+
+# Python option names that quantize_model's messages may use, as the command line spells them.
+_FLAGS = {"a calibration_data_reader": "--calib or --calib-reader",
+          "bf16_activation_scaled": "--bf16-activation-scaled",
+          "bf16_qdq_to_cast": "--bf16-cast", "fold_weights=False": "--no-fold",
+          "it needs fold_weights=True": "it cannot be combined with --no-fold",
+          "weight_storage=": "--weight-storage ",
+          "QuantizationConfig needs an activation or a weight FormatSpec":
+          "--activation-config none and --weight-config none leave nothing to quantize"}
+
+
+def _fail(message: object) -> int:
+    """Print ``message`` as the one line of an error; returns the exit status, 2."""
+    text = " ".join(str(message).split())
+    for name, flag in _FLAGS.items():
+        text = text.replace(name, flag)
+    print(f"ort-mx-quantize: error: {text}", file=sys.stderr)
+    return 2
+
+
+def _config_name(allow_none: bool):
+    """An argparse type: a built-in config name (or "none" where allowed)."""
+    def check(name: str) -> str:
+        valid = config_names() + config_names(adaquant=True) + \
+            (["none"] if allow_none else [])
+        if name.upper() not in {v.upper() for v in valid}:
+            raise argparse.ArgumentTypeError(f"unknown config {name!r}; choose one of "
+                                             f"{', '.join(valid)}")
+        return name
+    return check
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _npz_file(path: str) -> str:
+    """An argparse type: an .npz that opens and holds arrays (NpzReader reads it later)."""
+    try:
+        with np.load(path) as npz:
+            if not npz.files:
+                raise ValueError("it holds no arrays")
+    except Exception as exc:  # missing, not a zip, not an .npz
+        raise argparse.ArgumentTypeError(f"cannot read {path} ({type(exc).__name__}: {exc})")
+    return path
+
+
 def _load_reader(spec: str):
+    """The reader ``MODULE:CALLABLE`` returns; UsageError naming --calib-reader."""
     module, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit("--calib-reader takes module:callable")
-    return getattr(importlib.import_module(module), attr)()
+    if not module or not attr:
+        raise UsageError(f"--calib-reader takes MODULE:CALLABLE, got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise UsageError(f"--calib-reader: cannot import module {module!r} ({exc})") from None
+    except AttributeError:
+        raise UsageError(f"--calib-reader: module {module!r} has no {attr!r}") from None
+    try:
+        reader = factory()
+    except Exception as exc:
+        raise UsageError(f"--calib-reader: {spec}() raised {type(exc).__name__}: {exc}") \
+            from None
+    if not callable(getattr(reader, "get_next", None)):
+        raise UsageError(f"--calib-reader: {spec}() returned a {type(reader).__name__}, not "
+                         "a CalibrationDataReader (no get_next())")
+    return reader
+
+
+def _quantize_nchwc(args: argparse.Namespace, cfg, reader):
+    """Quantize into a temporary file beside the output, then write the output through
+    quantizer.nchwc; returns the quantization summary and the NCHWc report."""
+    from .nchwc import optimize_nchwc, parse_shapes
+    if args.external_data:
+        raise ValueError("--nchwc writes onnxruntime's optimised graph as one file; "
+                         "--external-data does not apply to it")
+    check_output(args.input, args.output)
+    shapes = parse_shapes(args.nchwc_shape, "--nchwc-shape")
+    directory = os.path.dirname(os.path.abspath(args.output))
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".ort-mx-quantize-") as tmp:
+        plain = os.path.join(tmp, "quantized.onnx")
+        summary = quantize_model(args.input, plain, cfg, reader, progress=not args.quiet)
+        report = optimize_nchwc(plain, args.output, shapes or None)
+    return summary, report
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="ort-mx-quantize", description="Insert BFP / MX / BF16 quantize-dequantize nodes "
-        "into an ONNX model (runs with the ort_mx_ops custom-op library).", epilog=__doc__,
+        "into an ONNX model (runs with the ort_mx_ops custom-op library). OUTPUT's directory "
+        "must exist; every error is one line on stderr with exit status 2.", epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="float ONNX model")
     p.add_argument("output", help="where to write the quantized model (never the input)")
-    p.add_argument("--config", required=True, metavar="NAME",
+    p.add_argument("--config", metavar="NAME", type=_config_name(False),
                    help=f"format for activations and weights: {', '.join(config_names())}; "
                         "NAME_ADAQUANT (e.g. MX6_ADAQUANT) adds fast finetune (needs --calib)")
-    p.add_argument("--weight-config", metavar="NAME",
+    p.add_argument("--tensor", action="append", metavar="NAME=CONFIG[:axis=N]",
+                   help="a node on this tensor only, no automatic placement (repeatable; "
+                        "replaces --config; without :axis=N the tensor's reader chooses the "
+                        "axis as the quantizer does)")
+    p.add_argument("--weight-config", metavar="NAME", type=_config_name(True),
                    help="a different format for weights (e.g. --config BF16 "
                         "--weight-config MXINT8); 'none' keeps weights float")
-    p.add_argument("--activation-config", metavar="NAME",
+    p.add_argument("--activation-config", metavar="NAME", type=_config_name(True),
                    help="a different format for activations; 'none' keeps them float")
     p.add_argument("--op-types", nargs="+", default=list(DEFAULT_OP_TYPES), metavar="OP",
                    help="op types whose inputs are quantized (default: %(default)s)")
@@ -55,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'quark' reproduces Quark's placement (every op's inputs, axis 1)")
     p.add_argument("--no-fold", action="store_true",
                    help="keep a runtime node on each weight instead of folding it offline")
+    p.add_argument("--weight-storage", choices=list(WEIGHT_STORAGES), default="folded",
+                   help="how folded weights are written: float tensors (folded), packed codes "
+                        "for MXDequantize / BFPDequantize (packed, several times smaller), or "
+                        "standard DequantizeLinear (onnx; MXFP8, MXINT8, BF16) "
+                        "(default: %(default)s)")
     p.add_argument("--legacy-names", action="store_true",
                    help="emit com.vai.quantize BFPFixNeuron / MXFixNeuron")
     p.add_argument("--bf16-cast", action="store_true",
@@ -63,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BF16: rescale each weight by its range before rounding")
     p.add_argument("--bf16-activation-scaled", action="store_true",
                    help="BF16: rescale activations by their calibrated range (needs --calib)")
-    p.add_argument("--calib", metavar="NPZ", help="calibration inputs (.npz, samples on axis 0)")
-    p.add_argument("--calib-batch", type=int, default=1, help="calibration batch size")
+    p.add_argument("--calib", metavar="NPZ", type=_npz_file, help="calibration inputs (.npz, samples on axis 0)")
+    p.add_argument("--calib-batch", type=_positive_int, default=1,
+                   help="calibration batch size")
     p.add_argument("--calib-reader", metavar="MODULE:CALLABLE",
                    help="a callable returning a CalibrationDataReader")
     p.add_argument("--weight-rounding", choices=["nearest", "gptq"], default=None,
@@ -79,8 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bias-correction", action="store_true",
                    help="shift each bias by the mean output error quantization causes "
                         "(needs --calib)")
+    p.add_argument("--nchwc", action="store_true",
+                   help="write the model pre-optimised by onnxruntime for this CPU, with the "
+                        "nodes inside its NCHWc layout where that keeps every output bit "
+                        "(hardware-specific; run it with graph optimisations off: "
+                        "docs/quantizer.md)")
+    p.add_argument("--nchwc-shape", action="append", default=[], metavar="NAME=D0xD1...",
+                   help="with --nchwc: fix an input's shape (repeatable; fewer nodes)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    p.add_argument("--external-data", action="store_true",
+                   help="store the tensors in OUTPUT.data beside the model (automatic from "
+                        "2 GiB)")
     return p
 
 
@@ -109,8 +229,15 @@ def _finetune_options(items: list[str]) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ort-mx-quantize``; returns the process exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from .config import get_config
+
+    if args.tensor:
+        from .surgery import run_tensor_flags
+        return run_tensor_flags(args)
+    if args.config is None:
+        parser.error("the following arguments are required: --config (or --tensor)")
 
     try:
         formats = {k: v for k, v in (("activation", args.activation_config),
@@ -127,6 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
             quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
             placement=args.placement, fold_weights=not args.no_fold,
+            weight_storage=args.weight_storage,
             legacy_names=args.legacy_names, bf16_qdq_to_cast=args.bf16_cast,
             bf16_weight_scaled=args.bf16_weight_scaled,
             bf16_activation_scaled=args.bf16_activation_scaled)
@@ -135,16 +263,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reader = NpzReader(args.calib, args.calib_batch)
         elif args.calib_reader:
             reader = _load_reader(args.calib_reader)
-        summary = quantize_model(args.input, args.output, cfg, reader, progress=not args.quiet)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"ort-mx-quantize: error: {exc}", file=sys.stderr)
-        return 2
+        if args.nchwc:
+            summary, report = _quantize_nchwc(args, cfg, reader)
+        else:
+            summary = quantize_model(args.input, args.output, cfg, reader,
+                                     progress=not args.quiet, external_data=args.external_data)
+    except (ValueError, OSError, RuntimeError) as exc:
+        return _fail(exc)
+    except Exception as exc:  # anything else still ends in one line, not a traceback
+        return _fail(f"{type(exc).__name__}: {exc}")
     if not args.quiet:
         print(summary)
+        if args.nchwc:
+            print(f"NCHWc block {report.block}: {len(report.rewritten)} nodes inside the "
+                  f"blocked layout, layout conversions {report.reorders_before} -> "
+                  f"{report.reorders_after}; {len(report.kept)} kept their conversions")
         print(f"wrote {args.output}")
     if args.summary_json:
-        with open(args.summary_json, "w", encoding="utf-8") as f:
-            json.dump(summary.as_dict(), f, indent=2)
+        try:
+            with open(args.summary_json, "w", encoding="utf-8") as f:
+                json.dump(summary.as_dict(), f, indent=2)
+        except OSError as exc:
+            return _fail(f"--summary-json: cannot write {args.summary_json} ({exc}); the "
+                         f"model was written to {args.output}")
     return 0
 
 

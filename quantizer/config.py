@@ -18,12 +18,14 @@ from .adaquant import FastFinetune
 from .handlers import COMPUTE_OPS
 
 __all__ = ["FormatSpec", "QuantizationConfig", "get_config", "config_names",
-           "DEFAULT_OP_TYPES", "PLACEMENTS", "WEIGHT_ROUNDINGS", "as_format", "FastFinetune"]
+           "DEFAULT_OP_TYPES", "PLACEMENTS", "WEIGHT_STORAGES", "WEIGHT_ROUNDINGS", "as_format",
+           "FastFinetune"]
 
 # The ops whose inputs the default placement quantizes: the ones that contract a dimension.
 DEFAULT_OP_TYPES: tuple[str, ...] = COMPUTE_OPS
 PLACEMENTS = ("default", "quark")
 WEIGHT_ROUNDINGS = ("nearest", "gptq")
+WEIGHT_STORAGES = ("folded", "packed", "onnx")  # docs/packed_weights.md
 
 FormatLike = Union[FormatSpec, str, None]
 
@@ -70,7 +72,11 @@ class QuantizationConfig:
     placement.
 
     Emission: ``fold_weights`` stores quantized weight values (computed offline by the native
-    kernels) instead of a runtime node per weight; ``legacy_names`` emits
+    kernels) instead of a runtime node per weight; ``weight_storage`` writes folded weights
+    as float tensors (``"folded"``), packed codes and exponents decoded by this library's
+    ``MXDequantize`` / ``BFPDequantize`` (``"packed"``), or standard blocked
+    ``DequantizeLinear`` (``"onnx"``; MXFP8 / MXINT8 / BF16 only), see
+    docs/packed_weights.md; ``legacy_names`` emits
     ``com.vai.quantize`` ``BFPFixNeuron`` / ``MXFixNeuron``; for BF16, ``bf16_qdq_to_cast``
     emits ``Cast(BFLOAT16) -> Cast(FLOAT)`` instead of the Extended Q/DQ pair, and
     ``bf16_weight_scaled`` / ``bf16_activation_scaled`` divide the tensor by a scale derived
@@ -95,6 +101,7 @@ class QuantizationConfig:
     quantize_all_op_types: bool = False
     quantize_bias: bool = False
     fold_weights: bool = True
+    weight_storage: str = "folded"
     legacy_names: bool = False
     bf16_qdq_to_cast: bool = False
     bf16_weight_scaled: bool = False
@@ -121,6 +128,12 @@ class QuantizationConfig:
             raise ValueError("QuantizationConfig needs an activation or a weight FormatSpec")
         if not self.bf16_scale_target > 0:
             raise ValueError("bf16_scale_target must be > 0")
+        if self.weight_storage not in WEIGHT_STORAGES:
+            raise ValueError(f"weight_storage must be one of {WEIGHT_STORAGES}, got "
+                             f"{self.weight_storage!r}")
+        if self.weight_storage != "folded" and not self.fold_weights:
+            raise ValueError(f"weight_storage={self.weight_storage!r} stores folded weights; "
+                             "it needs fold_weights=True")
         if isinstance(self.op_types_to_quantize, str) or isinstance(self.nodes_to_exclude, str):
             raise TypeError("op_types_to_quantize and nodes_to_exclude take lists of names")
         object.__setattr__(self, "op_types_to_quantize", tuple(self.op_types_to_quantize))

@@ -8,6 +8,8 @@ sequence or spatial dimension whose length changes from run to run.
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -58,7 +60,16 @@ def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
     the fallback, the model itself if both fail (large or unusual models)."""
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-        out = SymbolicShapeInference.infer_shapes(copy.deepcopy(model), auto_merge=True)
+        # Where inference is incomplete the tool saves "sym_shape_infer_temp.onnx" (and its
+        # data files) into the current directory before raising: run it in a scratch folder
+        # so no file of the user's is written or overwritten.
+        with tempfile.TemporaryDirectory(prefix="ort-mx-shapes-") as scratch:
+            previous = os.getcwd()
+            os.chdir(scratch)
+            try:
+                out = SymbolicShapeInference.infer_shapes(copy.deepcopy(model), auto_merge=True)
+            finally:
+                os.chdir(previous)
         if out is not None:
             return out
     except Exception as exc:  # the tool raises on ops it does not know; plain inference next
@@ -114,6 +125,16 @@ class ModelView:
                     self.consumers.setdefault(inp, []).append((idx, k))
         self.graph_outputs = {o.name for o in g.output}
         self.graph_inputs = graph_inputs
+        # Every name a subgraph (If / Loop / Scan body, at any depth) mentions: an outer
+        # tensor read there must keep its values, and new names must not collide with them.
+        self.subgraph_names: set[str] = set()
+        self.subgraph_nodes: list[str] = []
+        for node in g.node:
+            subs = _subgraphs(node)
+            if subs:
+                self.subgraph_nodes.append(f"{node.op_type} {node.name!r}")
+            for sub in subs:
+                self.subgraph_names |= _all_names(sub)
 
     def is_float(self, name: str) -> Optional[bool]:
         """True/False where the element type is known, None where it is not."""
@@ -141,6 +162,31 @@ class ModelView:
             if a.name == name:
                 return onnx.helper.get_attribute_value(a)
         return default
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
+    found = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            found.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            found.extend(a.graphs)
+    return found
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor and node name in ``graph`` and the subgraphs nested in it."""
+    names = {i.name for i in graph.initializer} | {i.name for i in graph.input} | \
+        {o.name for o in graph.output}
+    for node in graph.node:
+        names.add(node.name)
+        names.update(node.input)
+        names.update(node.output)
+        for sub in _subgraphs(node):
+            names |= _all_names(sub)
+    names.discard("")
+    return names
 
 
 def _without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:

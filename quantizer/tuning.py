@@ -292,8 +292,8 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     opts = fast_finetune or FastFinetune()
     seed = opts.fixed_seed
     qsum = quantize_model(model, None, cfg.replace(
-        fold_weights=True, weight_rounding="nearest", fast_finetune=None,
-        bias_correction=False))
+        fold_weights=True, weight_storage="folded", weight_rounding="nearest",
+        fast_finetune=None, bias_correction=False))
     qmodel = qsum.model
     records = {r.tensor: r for r in qsum.sites if r.kind == "weight"}
     tuned = onnx.ModelProto()

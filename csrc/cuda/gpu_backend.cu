@@ -1,4 +1,4 @@
-// mxops::gpu (csrc/common/gpu_backend.h) for CUDA, and for ROCm when hipcc compiles this same
+// mxops::gpu (csrc/cuda/gpu_backend.h) for CUDA, and for ROCm when hipcc compiles this same
 // file: the launchers the ORT kernels call. Everything runs on the caller's stream; nothing
 // allocates or synchronises.
 #include "gpu_runtime.h"  // first: see qdq_kernels.cuh
@@ -6,26 +6,13 @@
 #include <string>
 
 #include "../common/bf16_qdq.h"
-#include "../common/gpu_backend.h"
+#include "gpu_backend.h"
 #include "qdq_launch.h"
 
 namespace mxops::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-
-unsigned elementwise_grid(int64_t n) {
-  int64_t ctas = (n + kThreads - 1) / kThreads;
-  if (ctas < 1) ctas = 1;
-  return static_cast<unsigned>(ctas < kMaxCtas ? ctas : kMaxCtas);
-}
-
-std::string launch_status(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return "";
-  return std::string(MXOPS_GPU_BACKEND_NAME " launch of ") + what + " failed: " +
-         cudaGetErrorString(e);
-}
 
 // A one-element tensor is returned unchanged (rounded to bfloat16 first when asked), as the
 // CPU backend does.
@@ -41,7 +28,7 @@ __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t length, int64_t
   return i / inner % length;
 }
 
-// The BF16 quantize and dequantize of SPEC 2.4 as element functions, so that one
+// The BF16 quantize and dequantize (bf16_qdq.h) as element functions, so that one
 // grid-stride kernel serves both directions.
 struct Bf16QuantizeElement {
   MXOPS_HD uint16_t operator()(float x, float s, uint16_t z) const { return bf16_quantize(x, s, z); }
@@ -100,7 +87,7 @@ std::string launch_bf16_quantize_linear(const float* x, const float* scale,
                                         const Geometry& g, uint16_t* y, void* stream) {
   if (g.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s,
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads, s,
                bf16_linear_kernel<Bf16QuantizeElement, float, uint16_t>)(
       x, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, y);
   return launch_status("the bfloat16 quantize kernel");
@@ -111,7 +98,7 @@ std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
                                           const Geometry& g, float* x, void* stream) {
   if (g.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements), kThreads, s,
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads, s,
                bf16_linear_kernel<Bf16DequantizeElement, uint16_t, float>)(
       y, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, x);
   return launch_status("the bfloat16 dequantize kernel");

@@ -48,3 +48,26 @@ namespace mxops::gpu {
 constexpr int kGroupLanes = 32;
 constexpr long long kMaxCtas = MXOPS_GPU_MAX_CTAS;
 }  // namespace mxops::gpu
+
+#include <cstdint>
+#include <string>
+
+namespace mxops::gpu {
+
+// CTAs for one thread per element, `threads` per CTA, capped at kMaxCtas (the kernels
+// grid-stride beyond it).
+inline unsigned elementwise_grid(int64_t n, int threads) {
+  int64_t ctas = (n + threads - 1) / threads;
+  if (ctas < 1) ctas = 1;
+  return static_cast<unsigned>(ctas < kMaxCtas ? ctas : kMaxCtas);
+}
+
+// "" when the last launch succeeded, else a message naming `what`.
+inline std::string launch_status(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return "";
+  return std::string(MXOPS_GPU_BACKEND_NAME " launch of ") + what + " failed: " +
+         cudaGetErrorString(e);
+}
+
+}  // namespace mxops::gpu

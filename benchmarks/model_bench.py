@@ -1,0 +1,533 @@
+"""Model-level benchmark: ``ort-mx-bench --model PATH``.
+
+Quantizes one ONNX model with each configuration (the quantizer's defaults), then measures on
+the CPU execution provider, at batch 1, in one process:
+
+* latency: the float model and every quantized model run in turns, round after round, so
+  load from elsewhere on the machine hits them alike; reported as median and fastest run,
+  and as ratios to the float model from the same rounds;
+* where the time goes: onnxruntime's profiler on separate sessions, per node the median of
+  its kernel times over the profiled runs, summed by op type; the share of our ops
+  (the quantize-dequantize nodes) and of the layout conversions onnxruntime inserts around
+  its blocked NCHWc convolutions (``ReorderInput`` / ``ReorderOutput``);
+* that the outputs are real: every quantized model's outputs are finite where the float
+  model's are, and their largest difference from the float outputs is recorded.
+
+Writes ``model_results.json`` and ``model_results.md`` to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import ort_mx_ops
+from ort_mx_ops.benchmarks.harness import machine_info
+from ort_mx_ops.formats import CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
+
+__all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_breakdowns",
+           "make_feeds", "LAYOUT_OPS", "markdown"]
+
+LAYOUT_OPS = ("ReorderInput", "ReorderOutput")  # onnxruntime's NCHW <-> NCHWc conversions
+_OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN)
+DEFAULT_CONFIGS = ("BFP16", "MX9", "MXFP8E4M3", "MXINT8", "BF16")
+
+
+@dataclass
+class ModelOptions:
+    model: str
+    configs: list[str]
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # --shape overrides
+    seq_len: int = 128           # free non-batch axes of integer (token) inputs
+    threads: int = 1             # intra-op threads; 0: onnxruntime's default
+    warmup: int = 3
+    rounds: int = 40             # interleaved timed rounds, at least
+    min_time: float = 5.0        # seconds of timed rounds, at least (up to max_rounds)
+    max_rounds: int = 1000
+    profile_runs: int = 20
+    extra_models: dict[str, str] = field(default_factory=dict)   # label -> prepared model
+    nchwc: bool = False          # also time each config through quantizer.nchwc
+    log: Callable[[str], None] = print
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+def _input_shape(inp: onnx.ValueInfoProto, opts: ModelOptions, integer: bool) -> list[int]:
+    if inp.name in opts.shapes:
+        return list(opts.shapes[inp.name])
+    dims = inp.type.tensor_type.shape.dim
+    shape = []
+    for axis, d in enumerate(dims):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            shape.append(int(d.dim_value))
+        elif axis == 0:
+            shape.append(1)  # batch 1
+        elif integer:
+            shape.append(opts.seq_len)
+        else:
+            raise ValueError(f"input {inp.name!r} has a free axis {axis}; give its shape with "
+                             f"--shape {inp.name}=1x3x48x320 (for example)")
+    return shape
+
+
+def make_feeds(model: onnx.ModelProto, opts: ModelOptions, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of batch 1 for ``model``: float inputs standard normal, integer inputs token ids
+    in [1000, 2000) (an attention mask all ones, token types zero)."""
+    rng = np.random.default_rng(seed)
+    init_names = {i.name for i in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    for inp in model.graph.input:
+        if inp.name in init_names:
+            continue
+        elem = inp.type.tensor_type.elem_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        integer = np.issubdtype(dtype, np.integer)
+        shape = _input_shape(inp, opts, integer)
+        if integer:
+            lname = inp.name.lower()
+            if "mask" in lname:
+                feeds[inp.name] = np.ones(shape, dtype)
+            elif "type" in lname:
+                feeds[inp.name] = np.zeros(shape, dtype)
+            else:
+                feeds[inp.name] = rng.integers(1000, 2000, shape).astype(dtype)
+        else:
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions, timing, profiling
+# ---------------------------------------------------------------------------------------------
+
+def _session(path: str, threads: int, profile_prefix: Optional[str] = None,
+             optimization: Optional[str] = None) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    ort_mx_ops.register(so)
+    if optimization == "disabled":  # a model that is already onnxruntime-optimised
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _optimization_of(path: str) -> Optional[str]:
+    """Models written by our NCHWc rewrite are onnxruntime-optimised already."""
+    m = onnx.load(path, load_external_data=False)
+    meta = {p.key: p.value for p in m.metadata_props}
+    return "disabled" if meta.get("ort_mx_ops.onnxruntime_optimized") else None
+
+
+def our_op_types(model: onnx.ModelProto) -> set[str]:
+    """Op types of the nodes in our custom-op domains."""
+    return {n.op_type for n in model.graph.node if n.domain in _OUR_DOMAINS}
+
+
+def profile_breakdowns(paths: dict[str, str], feeds: dict[str, np.ndarray], runs: int,
+                       threads: int, ours: set[str], workdir: str) -> dict[str, dict[str, Any]]:
+    """Per model of ``paths``, the per-op-type time of one run from onnxruntime's profiler:
+    each node's median kernel time over ``runs`` runs (after one warm-up), summed per op
+    type.  The models run in turns, one run each per round, so load from elsewhere hits them
+    alike.  Shares are of the summed node time, so they add up to 1."""
+    sessions = {label: _session(path, threads, optimization=_optimization_of(path),
+                                profile_prefix=os.path.join(workdir, f"profile{i}"))
+                for i, (label, path) in enumerate(paths.items())}
+    for _ in range(runs + 1):
+        for sess in sessions.values():
+            sess.run(None, feeds)
+    return {label: _breakdown(sess.end_profiling(), ours) for label, sess in sessions.items()}
+
+
+def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
+    try:
+        events = json.loads(Path(prof_path).read_text())
+    finally:
+        os.remove(prof_path)
+    per_node: dict[str, list[float]] = defaultdict(list)
+    node_op: dict[str, str] = {}
+    node_elems: dict[str, int] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            name = e["name"][: -len("_kernel_time")]
+            per_node[name].append(float(e["dur"]) * 1e-6)
+            node_op[name] = e["args"]["op_name"]
+            node_elems[name] = _first_input_elements(e["args"])
+    by_op: dict[str, dict[str, float]] = {}
+    by_size: dict[str, dict[str, dict[str, float]]] = {"ours": {}, "layout": {}}
+    for name, durs in per_node.items():
+        # the first entry is the warm-up run
+        t = statistics.median(durs[1:] if len(durs) > 1 else durs)
+        row = by_op.setdefault(node_op[name], {"seconds": 0.0, "nodes": 0})
+        row["seconds"] += t
+        row["nodes"] += 1
+        group = "ours" if node_op[name] in ours else \
+            "layout" if node_op[name] in LAYOUT_OPS else None
+        if group:
+            cell = by_size[group].setdefault(_size_bucket(node_elems[name]),
+                                             {"nodes": 0, "seconds": 0.0, "elements": 0})
+            cell["nodes"] += 1
+            cell["seconds"] += t
+            cell["elements"] += node_elems[name]
+    total = sum(r["seconds"] for r in by_op.values())
+    for r in by_op.values():
+        r["share"] = r["seconds"] / total if total > 0 else 0.0
+    ours_s = sum(r["seconds"] for op, r in by_op.items() if op in ours)
+    layout_s = sum(r["seconds"] for op, r in by_op.items() if op in LAYOUT_OPS)
+    return {
+        "node_seconds": total,
+        "runs": max((len(d) for d in per_node.values()), default=1) - 1,
+        "ops": dict(sorted(by_op.items(), key=lambda kv: -kv[1]["seconds"])),
+        "ours_seconds": ours_s,
+        "ours_share": ours_s / total if total > 0 else 0.0,
+        "ours_nodes": sum(r["nodes"] for op, r in by_op.items() if op in ours),
+        "layout_seconds": layout_s,
+        "layout_share": layout_s / total if total > 0 else 0.0,
+        "layout_nodes": sum(r["nodes"] for op, r in by_op.items() if op in LAYOUT_OPS),
+        # our nodes and the layout conversions by the element count of their input
+        "by_size": {g: {b: by_size[g][b] for b in SIZE_BUCKETS if b in by_size[g]}
+                    for g in by_size},
+    }
+
+
+SIZE_BUCKETS = ("<=1Ki", "1Ki-16Ki", "16Ki-256Ki", ">256Ki")
+
+
+def _size_bucket(n: int) -> str:
+    return SIZE_BUCKETS[0] if n <= 1 << 10 else SIZE_BUCKETS[1] if n <= 1 << 14 else \
+        SIZE_BUCKETS[2] if n <= 1 << 18 else SIZE_BUCKETS[3]
+
+
+def _first_input_elements(args: dict) -> int:
+    """Elements of a profiled node's first input (0 where the profiler gives no shape)."""
+    shapes = args.get("input_type_shape") or []
+    if not shapes:
+        return 0
+    dims = next(iter(shapes[0].values()), [])
+    return int(np.prod(dims)) if dims else 1
+
+
+def _interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.ndarray],
+                 warmup: int, rounds: int, min_time: float = 0.0,
+                 max_rounds: int = 1000) -> dict[str, list[float]]:
+    """Run times (s) per session: after ``warmup`` runs each, the sessions run in turns, at
+    least ``rounds`` rounds and ``min_time`` seconds (at most ``max_rounds`` rounds)."""
+    for s in sessions.values():
+        for _ in range(warmup):
+            s.run(None, feeds)
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    order = list(sessions)
+    start, r = time.perf_counter(), 0
+    while r < rounds or (time.perf_counter() - start < min_time and r < max_rounds):
+        # rotate the order so no variant always runs right after the same one
+        k = r % len(order)
+        for label in order[k:] + order[:k]:
+            t0 = time.perf_counter()
+            sessions[label].run(None, feeds)
+            times[label].append(time.perf_counter() - t0)
+        r += 1
+    return times
+
+
+def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
+    """The largest difference of ``out`` from ``ref`` where both are finite, and whether they
+    are finite in the same places."""
+    diffs, finite_ok = [], True
+    for a, b in zip(ref, out):
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        finite_ok &= bool(np.array_equal(np.isfinite(a64), np.isfinite(b64)))
+        both = np.isfinite(a64) & np.isfinite(b64)
+        diffs.append(float(np.max(np.abs(a64[both] - b64[both]))) if both.any() else 0.0)
+    return {"max_abs_diff_vs_float": max(diffs) if diffs else 0.0,
+            "finite_where_float_is": finite_ok}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dict[str, dict]]:
+    """Model paths per variant label (each config, and with ``opts.nchwc`` its pre-optimised
+    form and the float model's) and what was done to make each."""
+    from ort_mx_ops.quantizer import quantize_model
+    from ort_mx_ops.quantizer.nchwc import optimize_nchwc
+    paths, info = {}, {}
+    if opts.nchwc:
+        # the control: the float model pre-optimised and run the same way (nothing rewritten)
+        paths["float+nchwc"] = os.path.join(workdir, "float_nchwc.onnx")
+        optimize_nchwc(opts.model, paths["float+nchwc"], opts.shapes or None)
+        info["float+nchwc"] = {"same_as": "float"}
+    for config in opts.configs:
+        out = os.path.join(workdir, f"{config}.onnx")
+        t0 = time.perf_counter()
+        summary = quantize_model(opts.model, out, config)
+        runtime = sum(len(r.runtime_nodes) for r in summary.sites)
+        info[config] = {"quantize_s": time.perf_counter() - t0, "runtime_nodes": runtime,
+                        "sites": len(summary.sites)}
+        paths[config] = out
+        opts.log(f"  quantized {config}: {runtime} runtime nodes")
+        if opts.nchwc:
+            label = f"{config}+nchwc"
+            paths[label] = os.path.join(workdir, f"{config}_nchwc.onnx")
+            rep = optimize_nchwc(out, paths[label], opts.shapes or None)
+            info[label] = {"runtime_nodes": runtime, "same_as": config, "nchwc_block": rep.block,
+                           "nchwc_rewritten": len(rep.rewritten), "nchwc_kept": len(rep.kept)}
+    return paths, info
+
+
+def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
+    """Measures ``opts.model`` and its quantized versions; returns the results document."""
+    if not os.path.isfile(opts.model):
+        raise FileNotFoundError(f"model file not found: {opts.model}")
+    model = onnx.load(opts.model, load_external_data=False)
+    feeds = make_feeds(model, opts)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="ort-mx-model-bench-") as workdir:
+        paths, qinfo = _quantize_all(opts, workdir)
+        variants = {"float": opts.model, **paths, **opts.extra_models}
+        ours = set()
+        for label, path in variants.items():
+            if label != "float":
+                ours |= our_op_types(onnx.load(path, load_external_data=False))
+        sessions = {label: _session(p, opts.threads, optimization=_optimization_of(p))
+                    for label, p in variants.items()}
+        outs = {label: s.run(None, feeds) for label, s in sessions.items()}
+        checks = {label: _compare(outs["float"], o) for label, o in outs.items()
+                  if label != "float"}
+        for label, info in qinfo.items():
+            if "same_as" in info:  # a rewritten model must give its source's bits
+                checks[label]["bit_identical_to_same_as"] = all(
+                    np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+                    for a, b in zip(outs[label], outs[info["same_as"]]))
+        opts.log(f"  timing {len(sessions)} sessions, {opts.rounds} interleaved rounds")
+        times = _interleaved(sessions, feeds, opts.warmup, opts.rounds, opts.min_time,
+                             opts.max_rounds)
+        del sessions
+        profiles = profile_breakdowns(variants, feeds, opts.profile_runs, opts.threads, ours,
+                                      workdir)
+        for label, prof in profiles.items():
+            opts.log(f"  profiled {label}: ours {prof['ours_share']:.1%}, layout "
+                     f"{prof['layout_share']:.1%}")
+    f_med, f_min = statistics.median(times["float"]), min(times["float"])
+    f_layout = profiles["float"]["layout_seconds"]
+    rows = []
+    for label in variants:
+        med, best = statistics.median(times[label]), min(times[label])
+        prof = profiles[label]
+        rows.append({
+            "variant": label,
+            "config": label.split("+")[0] if label.split("+")[0] in CONFIGS else None,
+            "median_s": med, "min_s": best, "runs": len(times[label]),
+            "times_s": times[label],
+            "ratio_to_float": med / f_med, "ratio_to_float_best": best / f_min,
+            # per round, this run over the float run of the same round; the median of those
+            "ratio_to_float_paired": statistics.median(
+                t / f for t, f in zip(times[label], times["float"])),
+            # summed per-node medians from the profiler: less exposed to load from elsewhere
+            "node_time_ratio_to_float": prof["node_seconds"] / profiles["float"]["node_seconds"],
+            **({"ratio_to_float_nchwc": med / statistics.median(times["float+nchwc"]),
+                "ratio_to_float_nchwc_best": best / min(times["float+nchwc"])}
+               if "float+nchwc" in times else {}),
+            "profile": prof,
+            # layout time beyond what the float model itself spends on conversions
+            "layout_extra_seconds": prof["layout_seconds"] - f_layout,
+            "layout_extra_vs_float_node_time": (prof["layout_seconds"] - f_layout)
+            / profiles["float"]["node_seconds"],
+            **qinfo.get(label, {}), **checks.get(label, {}),
+        })
+    return {
+        "kind": "model",
+        "model": os.path.abspath(opts.model),
+        "inputs": {k: list(v.shape) for k, v in feeds.items()},
+        "machine": machine_info(),
+        "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+        "options": {"configs": opts.configs, "threads": opts.threads, "warmup": opts.warmup,
+                    "rounds": opts.rounds, "min_time": opts.min_time,
+                    "max_rounds": opts.max_rounds, "profile_runs": opts.profile_runs,
+                    "extra_models": opts.extra_models, "nchwc": opts.nchwc},
+        "results": rows,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+def markdown(doc: dict) -> str:
+    """Latency ratios and the time breakdown as Markdown tables."""
+    m = doc["machine"]
+    out = [f"# Model benchmark: {os.path.basename(doc['model'])}", ""]
+    out.append(f"- inputs: {', '.join(f'{k} {v}' for k, v in doc['inputs'].items())}; "
+               f"onnxruntime {m['versions']['onnxruntime']}, {m['cpu']} "
+               f"({', '.join(m['cpu_simd_flags']) or 'no SIMD flags'}); {m['time']}")
+    o = doc["options"]
+    before, after = doc["load_average_before"][0], doc["load_average_after"][0]
+    runs = doc["results"][0]["runs"]
+    out.append(f"- intra-op threads {o['threads'] or 'default'}; {runs} interleaved "
+               f"rounds after {o['warmup']} warm-up runs; profile: per-node median of "
+               f"{o['profile_runs']} runs; load average {before:.1f} before, {after:.1f} after")
+    out.append("- ×float: median latency / the float model's median, from the same rounds; "
+               "(best): the same from each one's fastest run; (paired): the median over rounds "
+               "of this run / the float run of the same round; node time ×float: summed "
+               "per-node median kernel times from the profiler / the float model's. Shares "
+               "are of the summed per-node kernel time; layout = ReorderInput + ReorderOutput; extra layout = "
+               "its time beyond the float model's, as a share of the float model's node time")
+    out.append("")
+    control = any("ratio_to_float_nchwc" in r for r in doc["results"])
+    head = ["variant", "median ms", "×float", "×float (best)", "×float (paired)",
+            "node time ×float"] + \
+        (["×float+nchwc", "×float+nchwc (best)"] if control else []) + \
+        ["our nodes", "our share", "layout nodes", "layout share", "extra layout",
+         "max |Δ| vs float"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for r in doc["results"]:
+        p = r["profile"]
+        diff = "–" if r["variant"] == "float" else f"{r['max_abs_diff_vs_float']:.3g}"
+        if "bit_identical_to_same_as" in r:
+            diff += (" (bits = " if r["bit_identical_to_same_as"] else " (bits ≠ ") + \
+                f"{r['same_as']})"
+        ctl = f"{r['ratio_to_float_nchwc']:.3f} | {r['ratio_to_float_nchwc_best']:.3f} | " \
+            if control else ""
+        out.append(f"| {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['ratio_to_float']:.3f} | "
+                   f"{r['ratio_to_float_best']:.3f} | {r['ratio_to_float_paired']:.3f} | "
+                   f"{r['node_time_ratio_to_float']:.3f} | {ctl}{p['ours_nodes']} | "
+                   f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
+                   f"{r['layout_extra_vs_float_node_time']:+.1%} | {diff} |")
+    out.append("")
+    out.append("## Our nodes and layout conversions by input size (nodes: ms per run, "
+               "elements/ns)")
+    out.append("")
+    head = ["variant", "group"] + list(SIZE_BUCKETS)
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for r in doc["results"]:
+        for group in ("ours", "layout"):
+            cells = r["profile"]["by_size"].get(group, {})
+            if not cells:
+                continue
+            row = [f"{c['nodes']}: {c['seconds'] * 1e3:.3f} ms, "
+                   f"{c['elements'] / c['seconds'] * 1e-9:.2f}" if (c := cells.get(b)) and
+                   c["seconds"] > 0 else "–" for b in SIZE_BUCKETS]
+            out.append(f"| {r['variant']} | {group} | " + " | ".join(row) + " |")
+    out.append("")
+    out.append("## Time by op type (ms per run, share)")
+    out.append("")
+    ops: list[str] = []
+    for r in doc["results"]:
+        for op in r["profile"]["ops"]:
+            if op not in ops:
+                ops.append(op)
+    head = ["op type"] + [r["variant"] for r in doc["results"]]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    for op in ops[:20]:
+        cells = []
+        for r in doc["results"]:
+            o_ = r["profile"]["ops"].get(op)
+            cells.append("–" if o_ is None else
+                         f"{o_['seconds'] * 1e3:.2f} ({o_['share']:.0%}, {o_['nodes']})")
+        out.append(f"| {op} | " + " | ".join(cells) + " |")
+    out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
+    from ort_mx_ops.quantizer.nchwc import parse_shapes
+    try:
+        return parse_shapes(items)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ort-mx-bench --model",
+        description="Model-level benchmark: quantize a model with each configuration and "
+                    "measure quantized vs float batch-1 latency (interleaved, one process) "
+                    "and where the time goes (onnxruntime's profiler).")
+    p.add_argument("--model", required=True, help="ONNX model (float)")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help=f"comma separated of {', '.join(CONFIGS)}, or 'all'")
+    p.add_argument("--shape", action="append", default=[],
+                   help="input shape NAME=1x3x48x320 (repeatable); free axes of float inputs "
+                        "need one, batch axes default to 1")
+    p.add_argument("--seq-len", type=int, default=128,
+                   help="length of free non-batch axes of integer (token) inputs")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads (default 1: steadier on a shared machine; 0: ORT's)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=40, help="interleaved timed rounds, at least")
+    p.add_argument("--min-time", type=float, default=5.0,
+                   help="seconds of timed rounds, at least (up to --max-rounds)")
+    p.add_argument("--max-rounds", type=int, default=1000)
+    p.add_argument("--profile-runs", type=int, default=20)
+    p.add_argument("--extra", action="append", default=[],
+                   help="LABEL=PATH: another prepared model to time beside them")
+    p.add_argument("--nchwc", action="store_true",
+                   help="also time each config pre-optimised with our nodes inside "
+                        "onnxruntime's NCHWc layout (ort_mx_ops.quantizer.nchwc)")
+    p.add_argument("--tiny", action="store_true", help="smoke run: few rounds (CI)")
+    p.add_argument("--out", default="bench-results", help="output folder")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    configs = list(CONFIGS) if args.configs == "all" else \
+        [c.strip() for c in args.configs.split(",") if c.strip()]
+    for c in configs:
+        if c not in CONFIGS:
+            raise SystemExit(f"unknown config {c!r}; known: {', '.join(CONFIGS)}")
+    extra = {}
+    for item in args.extra:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not os.path.isfile(path):
+            raise SystemExit(f"--extra wants LABEL=PATH of an existing model, got {item!r}")
+        extra[label] = path
+    warmup, rounds, min_time, profile_runs = (1, 3, 0.0, 2) if args.tiny else \
+        (args.warmup, args.rounds, args.min_time, args.profile_runs)
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    opts = ModelOptions(model=args.model, configs=configs, shapes=_parse_shapes(args.shape),
+                        seq_len=args.seq_len, threads=args.threads, warmup=warmup,
+                        rounds=rounds, min_time=min_time, max_rounds=max(rounds, args.max_rounds),
+                        profile_runs=profile_runs, extra_models=extra, nchwc=args.nchwc,
+                        log=log)
+    try:
+        doc = run_model_bench(opts)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ort-mx-bench: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "model_results.md").write_text(markdown(doc))
+    log(markdown(doc))
+    log(f"wrote {out / 'model_results.json'}, {out / 'model_results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""Opt-in: a quantized model pre-optimised by onnxruntime for *this* CPU, with our
+quantize-dequantize nodes working inside onnxruntime's blocked NCHWc layout.
+
+Why: onnxruntime's CPU provider runs chains of convolutions in a blocked layout (NCHWc: the
+channels split into blocks of B = 8 with AVX2, 16 with AVX-512, stored innermost).  A custom
+node between two convolutions breaks the chain, and onnxruntime inserts a ``ReorderOutput``
+(NCHWc -> NCHW) before it and a ``ReorderInput`` (NCHW -> NCHWc) after it: two extra passes
+over the tensor.
+
+What: onnxruntime optimises the model (``ORT_ENABLE_ALL``, our ops registered) and saves the
+optimised graph; then every ``ReorderOutput -> our op -> ReorderInput`` chain whose op can work
+on the blocked data directly loses both conversions:
+
+* BFP / MX nodes whose ``block_size`` divides B, blocked along the channel axis of a tensor
+  whose channel count is a multiple of B: in NCHWc memory every block of ``block_size``
+  consecutive channels of one pixel is ``block_size`` consecutive floats, aligned, in channel
+  order -- exactly what the node blocks when it sees the buffer as ``[N, C*H*W]`` along
+  axis 1.  So the node runs between two (copy-free) ``Reshape`` s on the blocked tensor.
+* BF16 (``ExtendedQuantizeLinear -> ExtendedDequantizeLinear``): elementwise, runs on the
+  blocked tensor as it is.
+
+Every quantized value is computed from the same block of the same values in the same order,
+so the outputs are bit-identical to the same quantized model run normally (the tests check it).
+The result is hardware-specific (onnxruntime warns the same of any model saved with its layout
+optimisations): it must run on a machine with the same NCHWc block, with onnxruntime's graph
+optimisations disabled (``ORT_DISABLE_ALL``; :func:`session_options` does that); the model's
+metadata records the onnxruntime version and B it was made for.  Blocks that straddle NCHWc
+blocks (``block_size`` > B, e.g. MX formats' 32 on any CPU, MX9's 16 on AVX2) keep the
+conversions.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ort_mx_ops.formats import LEGACY_DOMAIN, QUARK_DOMAIN
+
+__all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "session_options", "main",
+           "METADATA_KEY", "parse_shapes"]
+
+METADATA_KEY = "ort_mx_ops.onnxruntime_optimized"
+_NCHWC_DOMAIN = "com.microsoft.nchwc"
+_BLOCK_OPS = {"BFPQuantizeDequantize", "MXQuantizeDequantize", "BFPFixNeuron", "MXFixNeuron"}
+_OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN)
+
+
+@dataclass
+class NchwcReport:
+    """What :func:`optimize_nchwc` did: the NCHWc block, the chains rewritten (conversions
+    removed), and the nodes of ours left with conversions around them, with why."""
+    block: int
+    rewritten: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    reorders_before: int = 0
+    reorders_after: int = 0
+
+
+def _ort():
+    import onnxruntime as ort
+    return ort
+
+
+def session_options(threads: int = 0):
+    """SessionOptions for a model written by :func:`optimize_nchwc`: our ops registered and
+    onnxruntime's graph optimisations off (the model is optimised already)."""
+    import ort_mx_ops
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if threads:
+        so.intra_op_num_threads = threads
+    ort_mx_ops.register(so)
+    return so
+
+
+def parse_shapes(items: list[str], flag: str = "--shape") -> dict[str, list[int]]:
+    """``["x=1x3x48x192", ...]`` -> ``{"x": [1, 3, 48, 192]}``; ``ValueError`` naming
+    ``flag`` for anything else."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise ValueError(f"{flag} wants NAME=D0xD1x..., got {item!r}") from None
+    return shapes
+
+
+def _optimized_by_ort(model_path: str, out_path: str) -> onnx.ModelProto:
+    import ort_mx_ops
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # the "hardware specific" warning is what we ask for
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = out_path
+    ort_mx_ops.register(so)
+    ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+    return onnx.load(out_path)
+
+
+def nchwc_block_size() -> int:
+    """onnxruntime's NCHWc channel block on this CPU (0 where it does not use the layout),
+    read from how it lays out a 4-channel convolution's weight: padded to one block."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "probe.onnx"), os.path.join(tmp, "probe_opt.onnx")
+        onnx.save(model, src)
+        opt = _optimized_by_ort(src, dst)
+    inits = {i.name: i for i in opt.graph.initializer}
+    for n in opt.graph.node:
+        if n.domain == _NCHWC_DOMAIN and n.op_type == "Conv":
+            return int(inits[n.input[1]].dims[0])
+    return 0
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _is_scalar(g: onnx.GraphProto, name: str) -> bool:
+    """Whether ``name`` is an initializer holding one value (a per-tensor scale)."""
+    for t in g.initializer:
+        if t.name == name:
+            return int(np.prod(t.dims)) == 1
+    return False
+
+
+def _static_shapes(model_path: str, input_shapes: dict[str, list[int]]
+                   ) -> dict[str, list[int]]:
+    """For each of our nodes (by name) in ``model_path``, the shape of its input when the
+    graph inputs have ``input_shapes`` (onnx shape inference; only fully known shapes)."""
+    m = onnx.load(model_path)
+    _fix_inputs(m, input_shapes)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    for n in probe.graph.node:
+        if n.domain in _OUR_DOMAINS:  # shape-preserving: an Identity for shape inference
+            keep_in, keep_out = n.input[0], n.output[0]
+            n.Clear()
+            n.CopyFrom(helper.make_node("Identity", [keep_in], [keep_out]))
+    inferred = onnx.shape_inference.infer_shapes(probe)
+    known = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            known[vi.name] = [int(d.dim_value) for d in dims]
+    return {n.name: known[n.input[0]] for n in m.graph.node
+            if n.domain in _OUR_DOMAINS and n.input and n.input[0] in known}
+
+
+def _fix_inputs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> None:
+    """Give the graph inputs named in ``input_shapes`` those fixed dimensions."""
+    inputs = {i.name: i for i in model.graph.input}
+    for name, shape in input_shapes.items():
+        if name not in inputs:
+            raise ValueError(f"the model has no input {name!r} (inputs: {sorted(inputs)})")
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise ValueError(f"input {name!r} has rank {len(dims)}, shape given {shape}")
+        for d, v in zip(dims, shape):
+            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != v:
+                raise ValueError(f"input {name!r} has fixed shape; {shape} does not match it")
+            d.dim_value = int(v)
+
+
+def _rewrite(model: onnx.ModelProto, block: int,
+             shapes: Optional[dict[str, list[int]]] = None) -> NchwcReport:
+    g = model.graph
+    report = NchwcReport(block=block)
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in g.node:
+        for i in n.input:
+            consumers[i].append(n)
+    outputs = {o.name for o in g.output}
+    report.reorders_before = sum(n.op_type in ("ReorderInput", "ReorderOutput")
+                                 and n.domain == _NCHWC_DOMAIN for n in g.node)
+    replace: dict[int, list[onnx.NodeProto]] = {}
+    drop: set[int] = set()
+    used = {i.name for i in g.initializer} | {x for n in g.node for x in (*n.input, *n.output)}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        return name
+
+    def sole_consumer(name: str) -> Optional[onnx.NodeProto]:
+        c = consumers.get(name, [])
+        return c[0] if len(c) == 1 and name not in outputs else None
+
+    flat_shape = None
+    for node in g.node:
+        if node.domain not in _OUR_DOMAINS or node.op_type not in _BLOCK_OPS | {
+                "ExtendedQuantizeLinear"}:
+            continue
+        ro = producer.get(node.input[0])
+        if ro is None or ro.op_type != "ReorderOutput" or ro.domain != _NCHWC_DOMAIN:
+            continue  # its input is not a blocked tensor: nothing to gain
+        label = f"{node.op_type} {node.name!r}"
+        ro_attrs = _attrs(ro)
+        chain = [node]
+        if node.op_type == "ExtendedQuantizeLinear":
+            if not all(_is_scalar(g, name) for name in node.input[1:]):
+                report.kept.append(f"{label}: scale or zero point is not one value")
+                continue
+            dq = sole_consumer(node.output[0])
+            if dq is None or dq.op_type != "ExtendedDequantizeLinear":
+                report.kept.append(f"{label}: not followed by its dequantize node alone")
+                continue
+            chain.append(dq)
+        ri = sole_consumer(chain[-1].output[0])
+        if ri is None or ri.op_type != "ReorderInput" or ri.domain != _NCHWC_DOMAIN:
+            report.kept.append(f"{label}: its output is read outside the blocked layout")
+            continue
+        if ro_attrs.get("channels_last", 0) or _attrs(ri).get("channels_last", 0):
+            report.kept.append(f"{label}: channels-last conversion")
+            continue
+        channels = int(ro_attrs.get("channels", 0))
+        if channels <= 0 or channels % block:
+            report.kept.append(f"{label}: {channels} channels, not a multiple of the NCHWc "
+                               f"block {block}")
+            continue
+        x = ro.input[0]
+        if node.op_type == "ExtendedQuantizeLinear":
+            new = []
+            for k, n in enumerate(chain):
+                copy = onnx.NodeProto()
+                copy.CopyFrom(n)
+                if k == 0:
+                    copy.input[0] = x
+                if k == len(chain) - 1:
+                    copy.output[0] = ri.output[0]
+                new.append(copy)
+        else:
+            a = _attrs(node)
+            axis, bs = int(a.get("axis", 1)), int(a.get("block_size", 0))
+            if axis not in (1, -3):
+                report.kept.append(f"{label}: blocked along axis {axis}, not the channels")
+                continue
+            if bs <= 0 or block % bs:
+                report.kept.append(f"{label}: block_size {bs} straddles NCHWc blocks of "
+                                   f"{block}")
+                continue
+            static = (shapes or {}).get(node.name)
+            if static is not None and len(static) == 4 and static[3] % bs == 0:
+                # Rows of W floats, W a multiple of block_size: blocks along the last axis
+                # of the blocked buffer seen as [N, C, H, W] are the aligned channel runs.
+                a["axis"] = 3
+                new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
+                                        name=node.name, **a)]
+            else:
+                if flat_shape is None:
+                    flat_shape = fresh("nchwc_flat_shape")
+                    g.initializer.append(numpy_helper.from_array(np.array([0, -1], np.int64),
+                                                                 flat_shape))
+                flat, qflat = fresh(f"{x}_nchwc_flat"), fresh(f"{node.output[0]}_nchwc_flat")
+                a["axis"] = 1
+                new = [helper.make_node("Reshape", [x, flat_shape], [flat],
+                                        name=fresh(f"{node.name}_Reshape_flat")),
+                       helper.make_node(node.op_type, [flat], [qflat], domain=node.domain,
+                                        name=node.name, **a)]
+                if static is not None:
+                    back = fresh(f"{x}_shape")
+                    g.initializer.append(numpy_helper.from_array(np.array(static, np.int64),
+                                                                 back))
+                else:
+                    back = fresh(f"{x}_shape")
+                    new.insert(0, helper.make_node("Shape", [x], [back],
+                                                   name=fresh(f"{node.name}_Shape")))
+                new.append(helper.make_node("Reshape", [qflat, back], [ri.output[0]],
+                                            name=fresh(f"{node.name}_Reshape_back")))
+        replace[id(chain[0])] = new
+        drop.update(id(n) for n in chain[1:])
+        drop.add(id(ri))
+        if len(consumers[ro.output[0]]) == 1 and ro.output[0] not in outputs:
+            drop.add(id(ro))
+        report.rewritten.append(label)
+    nodes: list[onnx.NodeProto] = []
+    for n in g.node:
+        if id(n) in replace:
+            nodes.extend(replace[id(n)])
+        elif id(n) not in drop:
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    report.reorders_after = sum(n.op_type in ("ReorderInput", "ReorderOutput")
+                                and n.domain == _NCHWC_DOMAIN for n in g.node)
+    return report
+
+
+def optimize_nchwc(model_path: str, output_path: str,
+                   input_shapes: Optional[dict[str, list[int]]] = None) -> NchwcReport:
+    """Write ``output_path``: ``model_path`` (a quantized model) optimised by onnxruntime for
+    this CPU, with our nodes moved into the NCHWc layout where that keeps every output bit
+    (see the module documentation).  Run it with :func:`session_options`.
+
+    ``input_shapes`` (name -> dims) fixes those inputs' shapes in the output model (other
+    shapes are then refused by onnxruntime); knowing the shapes, a node needs no Shape /
+    Reshape around it (one node instead of three where the width is a multiple of its block
+    size).  Raises ``ValueError`` when input and output are the same file or a shape does not
+    fit the model, and refuses (``ValueError`` / ``FileNotFoundError``) to write over the
+    input model or its data files, or into a missing directory."""
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"model file not found: {model_path}")
+    from .quantize import check_output
+    check_output(model_path, output_path)
+    ort = _ort()
+    block = nchwc_block_size()
+    shapes = _static_shapes(model_path, input_shapes) if input_shapes else None
+    with tempfile.TemporaryDirectory() as tmp:
+        model = _optimized_by_ort(model_path, os.path.join(tmp, "optimized.onnx"))
+    if input_shapes:
+        _fix_inputs(model, input_shapes)
+    report = _rewrite(model, block, shapes) if block else NchwcReport(block=0)
+    if not block:
+        report.kept.append("onnxruntime does not use the NCHWc layout on this CPU")
+    meta = {p.key: p for p in model.metadata_props}
+    value = f"onnxruntime {ort.__version__}; NCHWc block {block}"
+    if METADATA_KEY in meta:
+        meta[METADATA_KEY].value = value
+    else:
+        model.metadata_props.append(onnx.StringStringEntryProto(key=METADATA_KEY, value=value))
+    # onnxruntime's optimised graph holds its internal ops (fused kernels, LayerNormalization
+    # at any opset), which onnx.checker rejects: write it as onnxruntime saved it, atomically.
+    directory = os.path.dirname(os.path.abspath(output_path))
+    with tempfile.NamedTemporaryFile(dir=directory, suffix=".onnx", delete=False) as tmp:
+        tmp_path = tmp.name
+    try:
+        onnx.save(model, tmp_path)
+        os.replace(tmp_path, output_path)
+    finally:
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+    return report
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m ort_mx_ops.quantizer.nchwc",
+        description="Pre-optimise a quantized model for this CPU with our nodes inside "
+                    "onnxruntime's NCHWc layout (bit-identical outputs; hardware-specific; "
+                    "run it with graph optimisations disabled).")
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--shape", action="append", default=[],
+                   help="NAME=1x3x48x192: fix an input's shape (repeatable; fewer nodes)")
+    args = p.parse_args(argv)
+    try:
+        r = optimize_nchwc(args.input, args.output, parse_shapes(args.shape) or None)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"NCHWc block {r.block}: {len(r.rewritten)} of our nodes moved into the blocked "
+          f"layout; layout conversions {r.reorders_before} -> {r.reorders_after}; "
+          f"{len(r.kept)} kept their conversions")
+    for k in r.kept:
+        print(f"  kept: {k}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

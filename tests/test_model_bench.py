@@ -1,0 +1,166 @@
+"""Smoke test of the model-level benchmark (``ort-mx-bench --model``): a tiny CNN and a tiny
+MatMul model run through it; the report has its structure and its numbers are real (times
+positive, shares within [0, 1] and adding up, our nodes counted).  Speed is not asserted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ort_mx_ops.benchmarks import model_bench
+
+
+def _conv_chain(path, channels=16, size=12, dynamic=True):
+    """x -> Conv -> Relu -> Conv -> Conv -> y, channels a multiple of onnxruntime's NCHWc
+    block so the convolutions run in the blocked layout."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    cin = 3
+    for i in range(3):
+        w = numpy_helper.from_array(
+            (rng.standard_normal((channels, cin, 3, 3)) * 0.2).astype(np.float32), f"w{i}")
+        inits.append(w)
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1],
+                                      name=f"conv{i}"))
+        prev = f"c{i}"
+        if i == 0:
+            nodes.append(helper.make_node("Relu", [prev], ["r0"], name="relu0"))
+            prev = "r0"
+        cin = channels
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    dims = [1, 3, "h" if dynamic else size, "w" if dynamic else size]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                          dims)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                         [1, channels] + dims[2:])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return str(path)
+
+
+def _token_matmul(path):
+    """ids -> Gather(embedding) -> MatMul -> y: an integer input with a free sequence axis."""
+    rng = np.random.default_rng(1)
+    emb = numpy_helper.from_array(rng.standard_normal((2048, 32)).astype(np.float32), "emb")
+    w = numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32), "w")
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
+             helper.make_node("MatMul", ["e", "w"], ["y"])]
+    g = helper.make_graph(nodes, "tok", [helper.make_tensor_value_info(
+        "ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 32])],
+        [emb, w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cnn_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model_bench")
+    model = _conv_chain(d / "chain.onnx")
+    out = d / "out"
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model", model,
+                           "--shape", "x=1x3x12x12", "--configs", "MX9,MXINT8,BF16", "--tiny",
+                           "--out", str(out), "--quiet"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "model_results.json").read_text()), (out / "model_results.md")
+
+
+def test_report_structure(cnn_run):
+    doc, md = cnn_run
+    assert doc["kind"] == "model" and doc["inputs"] == {"x": [1, 3, 12, 12]}
+    assert [r["variant"] for r in doc["results"]] == ["float", "MX9", "MXINT8", "BF16"]
+    text = md.read_text()
+    for variant in ("float", "MX9", "MXINT8", "BF16", "ReorderInput", "Conv"):
+        assert f"| {variant} |" in text
+    assert len(doc["load_average_before"]) == 3
+
+
+def test_numbers_are_real(cnn_run):
+    doc, _ = cnn_run
+    float_row = doc["results"][0]
+    assert float_row["ratio_to_float"] == 1.0 and float_row["profile"]["ours_nodes"] == 0
+    for r in doc["results"]:
+        assert r["runs"] == len(r["times_s"]) >= 3
+        assert all(t > 0 for t in r["times_s"]) and r["min_s"] <= r["median_s"]
+        assert r["ratio_to_float"] > 0 and r["ratio_to_float_best"] > 0
+        assert r["ratio_to_float_paired"] > 0 and r["node_time_ratio_to_float"] > 0
+        p = r["profile"]
+        assert p["node_seconds"] > 0
+        assert all(o["seconds"] > 0 and o["nodes"] >= 1 for o in p["ops"].values())
+        shares = [o["share"] for o in p["ops"].values()]
+        assert all(0 <= s <= 1 for s in shares)
+        assert sum(shares) == pytest.approx(1.0, abs=1e-9)
+        assert 0 <= p["ours_share"] + p["layout_share"] <= 1 + 1e-9
+        assert p["ours_seconds"] == pytest.approx(
+            sum(o["seconds"] for op, o in p["ops"].items()
+                if op.endswith(("QuantizeDequantize", "QuantizeLinear", "DequantizeLinear"))))
+        for group, seconds, nodes in (("ours", p["ours_seconds"], p["ours_nodes"]),
+                                      ("layout", p["layout_seconds"], p["layout_nodes"])):
+            cells = p["by_size"][group].values()
+            assert sum(c["nodes"] for c in cells) == nodes
+            assert sum(c["seconds"] for c in cells) == pytest.approx(seconds)
+            assert all(c["elements"] >= c["nodes"] for c in cells)
+        if r["variant"] != "float":  # a node on x (3 x 12 x 12), two on 16 x 12 x 12 tensors
+            per_site = 2 if r["variant"] == "BF16" else 1
+            assert {b: c["nodes"] for b, c in p["by_size"]["ours"].items()} == \
+                {"<=1Ki": per_site, "1Ki-16Ki": 2 * per_site}
+            assert p["by_size"]["ours"]["<=1Ki"]["elements"] == 432 * per_site
+        # three convolutions of 16 channels: onnxruntime converts layouts in every variant
+        assert p["ops"]["ReorderOutput"]["nodes"] >= 1
+    for r in doc["results"][1:]:
+        # one runtime node per Conv input (BF16: a quantize + dequantize pair)
+        assert r["profile"]["ours_nodes"] == r["runtime_nodes"] == (6 if r["variant"] == "BF16"
+                                                                    else 3)
+        assert r["finite_where_float_is"] and 0 < r["max_abs_diff_vs_float"] < 10
+
+
+def test_token_input_and_errors(tmp_path):
+    model = _token_matmul(tmp_path / "tok.onnx")
+    opts = model_bench.ModelOptions(model=model, configs=["MXINT8"], seq_len=7, warmup=1,
+                                    rounds=2, min_time=0.0, profile_runs=1, log=lambda s: None)
+    doc = model_bench.run_model_bench(opts)
+    assert doc["inputs"] == {"ids": [1, 7]}
+    q = doc["results"][1]
+    # the weight is folded offline: one runtime node, on the MatMul's activation input
+    assert q["profile"]["ours_nodes"] == q["runtime_nodes"] == 1
+    assert q["profile"]["layout_nodes"] == 0
+    with pytest.raises(ValueError, match="--shape x="):
+        model_bench.run_model_bench(model_bench.ModelOptions(
+            model=_conv_chain(tmp_path / "c.onnx"), configs=["MX9"], log=lambda s: None))
+    with pytest.raises(FileNotFoundError):
+        model_bench.run_model_bench(model_bench.ModelOptions(
+            model=str(tmp_path / "missing.onnx"), configs=["MX9"], log=lambda s: None))
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model",
+                           str(tmp_path / "missing.onnx")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "not found" in proc.stderr
+
+
+def test_nchwc_variants(tmp_path):
+    """--nchwc: the pre-optimised float model as control, each config's pre-optimised model,
+    bit-identical to the config's own outputs."""
+    from ort_mx_ops.quantizer.nchwc import nchwc_block_size
+    block = nchwc_block_size()
+    if block == 0:
+        pytest.skip("onnxruntime uses no NCHWc layout here")
+    model = _conv_chain(tmp_path / "chain.onnx")
+    opts = model_bench.ModelOptions(model=model, configs=["BFP16", "MXINT8"],
+                                    shapes={"x": [1, 3, 12, 12]}, warmup=1, rounds=2,
+                                    min_time=0.0, profile_runs=1, nchwc=True,
+                                    log=lambda s: None)
+    doc = model_bench.run_model_bench(opts)
+    rows = {r["variant"]: r for r in doc["results"]}
+    assert list(rows) == ["float", "float+nchwc", "BFP16", "BFP16+nchwc", "MXINT8",
+                          "MXINT8+nchwc"]
+    for label in ("float+nchwc", "BFP16+nchwc", "MXINT8+nchwc"):
+        assert rows[label]["bit_identical_to_same_as"] is True
+        assert rows[label]["ratio_to_float_nchwc"] > 0
+    # conv0 -> relu -> node -> conv1 and conv1 -> node -> conv2: BFP16's blocks of 8 fit
+    assert rows["BFP16+nchwc"]["nchwc_rewritten"] == 2
+    layout = {k: r["profile"]["layout_nodes"] for k, r in rows.items()}
+    assert layout["BFP16+nchwc"] == layout["BFP16"] - 4
+    assert rows["MXINT8+nchwc"]["nchwc_rewritten"] == (2 if block % 32 == 0 else 0)

@@ -1,0 +1,170 @@
+"""quantizer.nchwc: a quantized model pre-optimised by onnxruntime with our nodes inside the
+blocked NCHWc layout gives bit-identical outputs to the same quantized model run normally,
+on inputs of several shapes and with special values, and removes layout conversions where it
+says it does."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ort_mx_ops
+from ort_mx_ops.quantizer import quantize_model
+from ort_mx_ops.quantizer import nchwc
+
+BLOCK = nchwc.nchwc_block_size()
+pytestmark = pytest.mark.skipif(BLOCK == 0, reason="onnxruntime uses no NCHWc layout here")
+
+
+def _cnn(path, channels=(16, 16, 16), residual=True):
+    """x -> Conv -> Relu -> Conv -> Conv (-> + the first conv's output) -> y: free H and W."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev, cin = [], [], "x", 3
+    for i, c in enumerate(channels):
+        inits.append(numpy_helper.from_array(
+            (rng.standard_normal((c, cin, 3, 3)) * 0.3).astype(np.float32), f"w{i}"))
+        inits.append(numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), f"b{i}"))
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"],
+                                      pads=[1, 1, 1, 1], name=f"conv{i}"))
+        prev, cin = f"c{i}", c
+        if i == 0:
+            nodes.append(helper.make_node("Relu", [prev], ["r0"], name="relu0"))
+            prev = "r0"
+    if residual and channels[0] == channels[-1]:
+        nodes.append(helper.make_node("Add", [prev, "c0"], ["sum"], name="add"))
+        prev = "sum"
+    nodes.append(helper.make_node("Identity", [prev], ["y"], name="out"))
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, "h", "w"])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, channels[-1], "h", "w"])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return str(path)
+
+
+def _inputs():
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((1, 3, 12, 16)).astype(np.float32),
+          (rng.standard_normal((1, 3, 7, 9)) * 1e3).astype(np.float32)]
+    special = rng.standard_normal((1, 3, 10, 11)).astype(np.float32)
+    special.flat[::17] = 0.0
+    special.flat[5] = np.inf
+    special.flat[40] = -np.inf
+    special.flat[77] = np.nan
+    special.flat[100] = 1e-40  # subnormal
+    xs.append(special)
+    return xs
+
+
+def _run(path, so, x):
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("config", ["BFP16", "MX9", "MXINT8", "MXFP4E2M1", "BF16"])
+def test_bit_identical_to_default_run(tmp_path, config):
+    q = str(tmp_path / "q.onnx")
+    quantize_model(_cnn(tmp_path / "m.onnx"), q, config)
+    out = str(tmp_path / "q_nchwc.onnx")
+    report = nchwc.optimize_nchwc(q, out)
+    assert report.block == BLOCK
+    plain = ort_mx_ops.register(ort.SessionOptions())
+    for x in _inputs():
+        a, b = _run(q, plain, x), _run(out, nchwc.session_options(), x)
+        assert a.shape == b.shape
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), config
+    block_size = {"BFP16": 8, "MX9": 16, "MXINT8": 32, "MXFP4E2M1": 32, "BF16": 1}[config]
+    # conv0 -> relu (fused into the NCHWc conv) -> our node -> conv1, and conv1 -> our node
+    # -> conv2: two chains between convolutions
+    if BLOCK % block_size == 0:
+        assert len(report.rewritten) == 2, report
+        assert report.reorders_after == report.reorders_before - 4
+    else:
+        assert report.rewritten == [] and report.reorders_after == report.reorders_before
+        assert sum("straddles" in k for k in report.kept) == 2, report.kept
+    meta = {p.key: p.value for p in onnx.load(out).metadata_props}
+    assert meta[nchwc.METADATA_KEY] == f"onnxruntime {ort.__version__}; NCHWc block {BLOCK}"
+
+
+@pytest.mark.parametrize("config", ["BFP16", "MX9"])
+@pytest.mark.parametrize("hw", [(12, 16), (7, 9)])
+def test_fixed_shapes(tmp_path, config, hw):
+    """With the input shape fixed, a rewritten node needs no Shape node; with the width a
+    multiple of its block size, no Reshape either.  Other shapes are refused."""
+    q = str(tmp_path / "q.onnx")
+    quantize_model(_cnn(tmp_path / "m.onnx"), q, config)
+    out = str(tmp_path / "q_nchwc.onnx")
+    shape = [1, 3, *hw]
+    report = nchwc.optimize_nchwc(q, out, {"x": shape})
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    a = _run(q, ort_mx_ops.register(ort.SessionOptions()), x)
+    b = _run(out, nchwc.session_options(), x)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    nodes = onnx.load(out).graph.node
+    assert "Shape" not in [n.op_type for n in nodes]
+    ours = [n for n in nodes if n.op_type == "Reshape" and "_Reshape_" in n.name]
+    if report.rewritten:
+        bs = 8 if config == "BFP16" else 16
+        assert len(ours) == (0 if hw[1] % bs == 0 else 2 * len(report.rewritten))
+    with pytest.raises(Exception, match="[Ii]nvalid|dimension|shape"):
+        _run(out, nchwc.session_options(), np.zeros((1, 3, 8, 8), np.float32))
+    with pytest.raises(ValueError, match="no input"):
+        nchwc.optimize_nchwc(q, out, {"y": shape})
+
+
+def test_channels_not_a_multiple_of_the_block_keep_their_conversions(tmp_path):
+    q = str(tmp_path / "q.onnx")
+    quantize_model(_cnn(tmp_path / "m.onnx", channels=(12, 12, 12)), q, "BFP16")
+    out = str(tmp_path / "q_nchwc.onnx")
+    report = nchwc.optimize_nchwc(q, out)
+    if BLOCK > 4:  # 12 channels are padded to a block of 16 (AVX2: 8 -> 16; AVX-512: 16)
+        assert report.rewritten == [] and any("not a multiple" in k for k in report.kept)
+    x = _inputs()[0]
+    a = _run(q, ort_mx_ops.register(ort.SessionOptions()), x)
+    b = _run(out, nchwc.session_options(), x)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_bad_paths(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        nchwc.optimize_nchwc(str(tmp_path / "missing.onnx"), str(tmp_path / "o.onnx"))
+    q = str(tmp_path / "q.onnx")
+    quantize_model(_cnn(tmp_path / "m.onnx"), q, "BFP16")
+    before = open(q, "rb").read()
+    with pytest.raises(ValueError, match="over the input"):
+        nchwc.optimize_nchwc(q, q)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        nchwc.optimize_nchwc(q, str(tmp_path / "no" / "o.onnx"))
+    assert open(q, "rb").read() == before
+    assert nchwc.main([q, str(tmp_path / "o.onnx")]) == 0
+    assert nchwc.main([str(tmp_path / "missing.onnx"), str(tmp_path / "o2.onnx")]) == 2
+
+
+def test_quantize_cli(tmp_path):
+    """ort-mx-quantize --nchwc writes the pre-optimised model: the same bits as quantizing
+    alone; it refuses to write over its input."""
+    from ort_mx_ops.quantizer import cli
+    model = _cnn(tmp_path / "m.onnx")
+    plain, fast = str(tmp_path / "q.onnx"), str(tmp_path / "q_nchwc.onnx")
+    assert cli.main([model, plain, "--config", "BF16", "--quiet"]) == 0
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape",
+                     "x=1x3x12x16", "--quiet"]) == 0
+    meta = {p.key for p in onnx.load(fast).metadata_props}
+    assert nchwc.METADATA_KEY in meta
+    x = _inputs()[0]
+    a = _run(plain, ort_mx_ops.register(ort.SessionOptions()), x)
+    b = _run(fast, nchwc.session_options(), x)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    before = open(model, "rb").read()
+    assert cli.main([model, model, "--config", "BF16", "--nchwc", "--quiet"]) == 2
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape", "x=1x3",
+                     "--quiet"]) == 2
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--nchwc-shape", "bad",
+                     "--quiet"]) == 2
+    assert cli.main([model, fast, "--config", "BF16", "--nchwc", "--external-data",
+                     "--quiet"]) == 2
+    assert open(model, "rb").read() == before
+    assert [f for f in os.listdir(tmp_path) if f.startswith(".ort-mx")] == []
