@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 __all__ = ["QUARK_DOMAIN", "LEGACY_DOMAIN", "PRODUCT_DOMAIN", "AttrSpec", "OpSchema", "OPS",
            "op_schema", "block_op", "LEGACY_NAMES", "MXElementFormat", "MX_ELEMENT_FORMATS",
            "BFP_METHODS", "FormatSpec", "CONFIGS", "FORMAT_FAMILIES", "catalogue",
+           "ADAQUANT_SUFFIX",
            "resolve_attrs"]
 
 QUARK_DOMAIN = "com.amd.quark"
@@ -251,11 +252,17 @@ class FormatSpec:
 
     @classmethod
     def from_name(cls, name: str) -> "FormatSpec":
-        """The built-in format called ``name`` (case-insensitive; see :data:`CONFIGS`)."""
-        key = {k.upper(): k for k in CONFIGS}.get(str(name).upper())
+        """The built-in format called ``name`` (case-insensitive; see :data:`CONFIGS`).
+        ``<NAME>_ADAQUANT`` is the format of ``<NAME>`` (the suffix asks the quantizer for
+        fast finetune, which is not a property of the format)."""
+        upper = str(name).upper()
+        if upper.endswith(ADAQUANT_SUFFIX) and upper != ADAQUANT_SUFFIX:
+            upper = upper[:-len(ADAQUANT_SUFFIX)]
+        key = {k.upper(): k for k in CONFIGS}.get(upper)
         if key is None:
             raise ValueError(f"unknown quantization config {name!r}; choose one of "
-                             f"{', '.join(CONFIGS)} or pass a QuantizationConfig")
+                             f"{', '.join(CONFIGS)} (each also as <NAME>{ADAQUANT_SUFFIX}) "
+                             "or pass a QuantizationConfig")
         c = CONFIGS[key]
         return cls(c.op, dict(c.attrs), c.name)  # a copy: callers may not share its attrs
 
@@ -312,6 +319,9 @@ def _microexponent(name: str, bit_width: int) -> FormatSpec:
 
 
 # Quark's configuration names, in Quark's table order.
+# ``<NAME>_ADAQUANT``: the built-in config <NAME> with fast finetune (Quark's names).
+ADAQUANT_SUFFIX = "_ADAQUANT"
+
 CONFIGS: dict[str, FormatSpec] = {c.name: c for c in [
     FormatSpec("BF16", {}, "BF16"),
     FormatSpec("BFP", {"bfp_method": "to_bfp", "bit_width": 16, "block_size": 8,

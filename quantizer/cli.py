@@ -1,6 +1,8 @@
 """``ort-mx-quantize INPUT OUTPUT --config NAME``: the quantizer on the command line.
 
-Calibration data (needed only for ``--bf16-activation-scaled``) comes from ``--calib``, an
+Calibration data (needed for ``--bf16-activation-scaled`` and the accuracy algorithms:
+``--weight-rounding gptq``, ``--fast-finetune`` or a ``*_ADAQUANT`` config, ``--bias-correction``)
+comes from ``--calib``, an
 .npz whose arrays are named after the model inputs with samples along axis 0 (one batch of
 one sample each), or from ``--calib-reader module:callable`` returning a
 ``CalibrationDataReader``.
@@ -56,7 +58,8 @@ def _fail(message: object) -> int:
 def _config_name(allow_none: bool):
     """An argparse type: a built-in config name (or "none" where allowed)."""
     def check(name: str) -> str:
-        valid = config_names() + (["none"] if allow_none else [])
+        valid = config_names() + config_names(adaquant=True) + \
+            (["none"] if allow_none else [])
         if name.upper() not in {v.upper() for v in valid}:
             raise argparse.ArgumentTypeError(f"unknown config {name!r}; choose one of "
                                              f"{', '.join(valid)}")
@@ -134,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="float ONNX model")
     p.add_argument("output", help="where to write the quantized model (never the input)")
     p.add_argument("--config", metavar="NAME", type=_config_name(False),
-                   help=f"format for activations and weights: {', '.join(config_names())}")
+                   help=f"format for activations and weights: {', '.join(config_names())}; "
+                        "NAME_ADAQUANT (e.g. MX6_ADAQUANT) adds fast finetune (needs --calib)")
     p.add_argument("--tensor", action="append", metavar="NAME=CONFIG[:axis=N]",
                    help="a node on this tensor only, no automatic placement (repeatable; "
                         "replaces --config; without :axis=N the tensor's reader chooses the "
@@ -173,6 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calibration batch size")
     p.add_argument("--calib-reader", metavar="MODULE:CALLABLE",
                    help="a callable returning a CalibrationDataReader")
+    p.add_argument("--weight-rounding", choices=["nearest", "gptq"], default=None,
+                   help="'gptq': error-compensating block rounding from the calibration "
+                        "inputs' Hessian (needs --calib); default 'nearest'")
+    p.add_argument("--fast-finetune", action="store_true",
+                   help="AdaQuant per layer, as the *_ADAQUANT configs (needs --calib)")
+    p.add_argument("--ff", action="append", default=[], metavar="KEY=VALUE",
+                   help="a fast finetune option, in our or Quark's name (e.g. "
+                        "NumIterations=200, LearningRate=1e-4, batch_size=4); implies "
+                        "--fast-finetune; repeatable")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="shift each bias by the mean output error quantization causes "
+                        "(needs --calib)")
     p.add_argument("--nchwc", action="store_true",
                    help="write the model pre-optimised by onnxruntime for this CPU, with the "
                         "nodes inside its NCHWc layout where that keeps every output bit "
@@ -188,6 +204,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _value(text: str):
+    """An option value from the command line: int, float, true/false, else the string."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _finetune_options(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--ff takes KEY=VALUE, got {item!r}")
+        out[key.strip()] = _value(value.strip())
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ort-mx-quantize``; returns the process exit status."""
     parser = build_parser()
@@ -201,11 +240,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("the following arguments are required: --config (or --tensor)")
 
     try:
-        base = get_config(args.config)
+        formats = {k: v for k, v in (("activation", args.activation_config),
+                                     ("weight", args.weight_config)) if v is not None}
+        base = get_config(args.config, **formats)
+        tuning: dict = {}
+        if args.weight_rounding:
+            tuning["weight_rounding"] = args.weight_rounding
+        if args.fast_finetune or args.ff:
+            tuning["fast_finetune"] = {**(base.fast_finetune.__dict__ if base.fast_finetune
+                                          else {}), **_finetune_options(args.ff)}
         cfg = base.replace(
-            activation=base.activation if args.activation_config is None
-            else args.activation_config,
-            weight=base.weight if args.weight_config is None else args.weight_config,
+            bias_correction=args.bias_correction or base.bias_correction, **tuning,
             op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
             quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
             placement=args.placement, fold_weights=not args.no_fold,

@@ -12,24 +12,28 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ort_mx_ops.formats import CONFIGS, FormatSpec
+from ort_mx_ops.formats import ADAQUANT_SUFFIX, CONFIGS, FormatSpec
 
+from .adaquant import FastFinetune
 from .handlers import COMPUTE_OPS
 
 __all__ = ["FormatSpec", "QuantizationConfig", "get_config", "config_names",
-           "DEFAULT_OP_TYPES", "PLACEMENTS", "WEIGHT_STORAGES", "as_format"]
+           "DEFAULT_OP_TYPES", "PLACEMENTS", "WEIGHT_STORAGES", "WEIGHT_ROUNDINGS", "as_format",
+           "FastFinetune"]
 
 # The ops whose inputs the default placement quantizes: the ones that contract a dimension.
 DEFAULT_OP_TYPES: tuple[str, ...] = COMPUTE_OPS
 PLACEMENTS = ("default", "quark")
+WEIGHT_ROUNDINGS = ("nearest", "gptq")
 WEIGHT_STORAGES = ("folded", "packed", "onnx")  # docs/packed_weights.md
 
 FormatLike = Union[FormatSpec, str, None]
 
 
-def config_names() -> list[str]:
-    """The built-in configuration names, in Quark's table order."""
-    return list(CONFIGS)
+def config_names(adaquant: bool = False) -> list[str]:
+    """The built-in configuration names, in Quark's table order; with ``adaquant``, their
+    ``<NAME>_ADAQUANT`` forms (the same formats with fast finetune)."""
+    return [n + ADAQUANT_SUFFIX for n in CONFIGS] if adaquant else list(CONFIGS)
 
 
 def as_format(value: FormatLike) -> Optional[FormatSpec]:
@@ -78,6 +82,15 @@ class QuantizationConfig:
     ``bf16_weight_scaled`` / ``bf16_activation_scaled`` divide the tensor by a scale derived
     from its range (weights: their own values; activations: MinMax calibration) before the
     bfloat16 rounding and multiply it back after, so that ``max|x| / scale == bf16_scale_target``.
+
+    Accuracy algorithms (they need calibration data; see docs/quantizer.md):
+    ``weight_rounding="gptq"`` rounds each weight block by block along its reduction axis,
+    pushing the rounding error onto the weights not yet rounded through the inverse Hessian
+    of the layer's calibration inputs (``"nearest"``: plain rounding, the default);
+    ``fast_finetune`` (a :class:`FastFinetune`, a dict of its options in our or Quark's
+    names, or True for the defaults) runs AdaQuant per layer; ``bias_correction`` shifts
+    each bias by the mean output error the quantization causes.  Each is applied to a layer
+    only where it lowers that layer's output error on held-out calibration samples.
     """
     activation: Optional[FormatSpec]
     weight: Optional[FormatSpec]
@@ -95,8 +108,15 @@ class QuantizationConfig:
     bf16_activation_scaled: bool = False
     bf16_scale_target: float = 1.0
     tensor_formats: Mapping[str, Optional[FormatSpec]] = field(default_factory=dict)
+    weight_rounding: str = "nearest"
+    fast_finetune: Optional[FastFinetune] = None
+    bias_correction: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "fast_finetune", FastFinetune.from_options(self.fast_finetune))
+        if self.weight_rounding not in WEIGHT_ROUNDINGS:
+            raise ValueError(f"weight_rounding must be one of {WEIGHT_ROUNDINGS}, got "
+                             f"{self.weight_rounding!r}")
         object.__setattr__(self, "activation", as_format(self.activation))
         object.__setattr__(self, "weight", as_format(self.weight))
         object.__setattr__(self, "tensor_formats",
@@ -140,7 +160,8 @@ class QuantizationConfig:
 
 def get_config(name: str | QuantizationConfig, **options: Any) -> QuantizationConfig:
     """The built-in configuration ``name`` (the same format on activations and weights) with
-    ``options`` applied, or ``name`` itself with the options if it is already a config; e.g.
+    ``options`` applied, or ``name`` itself with the options if it is already a config
+    (``<NAME>_ADAQUANT``: the same with ``fast_finetune`` at its defaults); e.g.
     ``get_config("MXFP4E2M1", activation="MXINT8")`` or ``activation=None`` (weight-only).
     Raises ``ValueError`` naming the valid choices for an unknown name."""
     if isinstance(name, QuantizationConfig):
@@ -148,5 +169,9 @@ def get_config(name: str | QuantizationConfig, **options: Any) -> QuantizationCo
     if not isinstance(name, str):
         raise TypeError(f"config must be a name or a QuantizationConfig, got {type(name)}")
     spec = FormatSpec.from_name(name)
+    if name.upper().endswith(ADAQUANT_SUFFIX):
+        plain = get_config(spec.name, **options)
+        return plain.replace(name=plain.name + ADAQUANT_SUFFIX,
+                             fast_finetune=plain.fast_finetune or FastFinetune())
     base = QuantizationConfig(activation=spec, weight=spec, name=spec.name)
     return base.replace(**options) if options else base

@@ -195,14 +195,15 @@ def _fmt(v: Any) -> str:
 
 def render_table(rows: list[Row], columns: list[tuple[str, str]]) -> list[list[str]]:
     head = ["config", "placement", "file MB", "weights packed MB"] + [c[1] for c in columns] + \
-        ["latency ms", "x float", "runtime nodes"]
+        ["latency ms", "x float", "runtime nodes", "quantize s"]
     body = [head]
     for r in rows:
         body.append([r.config, r.placement, f"{r.file_mb:.2f}",
                      "-" if r.weights_packed_mb is None else f"{r.weights_packed_mb:.2f}"] +
                     [_fmt(r.metrics.get(k, float("nan"))) if k in r.metrics else "-"
                      for k, _ in columns] +
-                    [f"{r.latency_ms:.1f}", f"{r.latency_vs_float:.2f}", str(r.runtime_nodes)])
+                    [f"{r.latency_ms:.1f}", f"{r.latency_vs_float:.2f}", str(r.runtime_nodes),
+                     f"{r.quantize_s:.1f}" if r.placement != "-" else "-"])
     return body
 
 
@@ -239,6 +240,18 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--compare-quark", nargs="*", default=None, metavar="NAME",
                    help="also run these configs with Quark's placement and runtime weight "
                         "nodes (no names: MXFP8E4M3 and BFP16)")
+    p.add_argument("--rows", nargs="+", default=[], metavar="SPEC",
+                   help="extra rows with the accuracy algorithms, each CONFIG[/A=ACT][+ALGO...]"
+                        " with ALGO gptq, bc (bias correction) or adaquant; a *_ADAQUANT "
+                        "config runs fast finetune; e.g. MX6+gptq MXFP4E2M1/A=MXINT8+gptq "
+                        "MXFP8E4M3_ADAQUANT. Calibrated on --calib-lines other rendered lines "
+                        "(generic mode: --calib-data or --samples other random inputs)")
+    p.add_argument("--calib-lines", type=int, default=32,
+                   help="rendered lines to calibrate the --rows with (default 32), never "
+                        "the evaluated ones")
+    p.add_argument("--calib-data", help="generic mode: .npz of calibration inputs for --rows")
+    p.add_argument("--ff", action="append", default=[], metavar="KEY=VALUE",
+                   help="fast finetune option for the adaquant rows (as ort-mx-quantize --ff)")
     p.add_argument("--threads", type=int, default=0,
                    help="onnxruntime intra-op threads (default: onnxruntime's choice)")
     p.add_argument("--out-dir", default="demo_results",
@@ -247,6 +260,46 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="keep the quantized models in --out-dir/models")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p.parse_args(argv)
+
+
+def parse_row(spec: str) -> tuple[str, dict[str, Any]]:
+    """``CONFIG[/A=ACT][+ALGO...]`` -> (config name, quantize_model options)."""
+    head, *algos = spec.split("+")
+    name, _, act = head.partition("/A=")
+    opts: dict[str, Any] = {}
+    if act:
+        opts["activation"] = act
+    for algo in algos:
+        if algo == "gptq":
+            opts["weight_rounding"] = "gptq"
+        elif algo == "bc":
+            opts["bias_correction"] = True
+        elif algo == "adaquant":
+            opts["fast_finetune"] = True
+        else:
+            raise ValueError(f"--rows {spec!r}: unknown algorithm {algo!r} (gptq, bc, adaquant)")
+    return name, opts
+
+
+class _ListReader:
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+        self.feeds = list(feeds)
+
+    def get_next(self) -> Optional[dict[str, np.ndarray]]:
+        return self.feeds.pop(0) if self.feeds else None
+
+
+def _calibration(args: argparse.Namespace, model_path: str, task: Any,
+                 chars: Optional[list[str]]) -> list[dict[str, np.ndarray]]:
+    """Calibration inputs for the --rows: rendered lines (another seed, none of the evaluated
+    texts) or the generic mode's --calib-data / other random inputs."""
+    if chars is not None:
+        cal = OcrTask(model_path, chars, args.calib_lines, args.seed + 1000, args.font)
+        seen = {line.text for line in task.lines}
+        return [f for f, line in zip(cal.feeds, cal.lines) if line.text not in seen]
+    if args.calib_data:
+        return GenericTask(model_path, args.calib_data, 0, 0).feeds
+    return GenericTask(model_path, None, args.samples, args.seed + 1000).feeds
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -261,10 +314,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         task = OcrTask(model_path, chars, args.lines, args.seed, args.font)
     else:
         task = GenericTask(model_path, args.data, args.samples, args.seed)
-    runs: list[tuple[str, dict[str, Any]]] = [(c, {}) for c in configs]
+    runs: list[tuple[str, str, dict[str, Any]]] = [(c, c, {}) for c in configs]
     if args.compare_quark is not None:
         for c in (args.compare_quark or ["MXFP8E4M3", "BFP16"]):
-            runs.append((c, {"placement": "quark", "fold_weights": False}))
+            runs.append((c, c, {"placement": "quark", "fold_weights": False}))
+    calib: list[dict[str, np.ndarray]] = []
+    if args.rows:
+        from .cli import _finetune_options
+        ff = _finetune_options(args.ff)
+        for spec in args.rows:
+            name, opts = parse_row(spec)
+            if ff and (opts.get("fast_finetune") or name.upper().endswith("_ADAQUANT")):
+                opts["fast_finetune"] = ff
+            runs.append((spec, name, opts))
+        calib = _calibration(args, model_path, task, chars)
     progress = not args.quiet
     print(f"model: {model_path}\ndata:  {task.description}", file=sys.stderr)
 
@@ -279,14 +342,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows[0].metrics.update({k: 1.0 for k in ("same_text_as_float", "frame_agreement",
                                                  "cosine_to_float", "top1_agreement")
                                 if any(k == c for c, _ in task.columns)})
-        for name, opts in runs:
+        for label, name, opts in runs:
             placement = opts.get("placement", "default")
-            out = os.path.join(work, f"{name}{'_quark' if placement == 'quark' else ''}.onnx")
-            summary = quantize_model(model_path, out, name, **opts)
+            fname = label.replace("/", "_").replace("=", "").replace("+", "_")
+            out = os.path.join(work, f"{fname}{'_quark' if placement == 'quark' else ''}.onnx")
+            reader = _ListReader(calib) if calib else None
+            summary = quantize_model(model_path, out, name, reader, progress=progress, **opts)
             outs, ms = _run_all(out, task.feeds, args.threads, True,
-                                f"{name} ({placement})", progress)
+                                f"{label} ({placement})", progress)
             _, packed = summary.packed_weight_bytes()
-            rows.append(Row(name, placement, summary.output_bytes / 1e6, packed / 1e6,
+            rows.append(Row(label, placement, summary.output_bytes / 1e6, packed / 1e6,
                             task.metrics(outs, ref), ms, ms / float_ms, summary.seconds,
                             summary.runtime_node_count(), summary.conflicts + summary.skipped))
     table = render_table(rows, task.columns)

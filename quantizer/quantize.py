@@ -248,9 +248,13 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     ("default" or "quark"), ``fold_weights``, ``legacy_names``, ``bf16_qdq_to_cast``,
     ``bf16_weight_scaled``, ``bf16_activation_scaled``, ``bf16_scale_target``,
     ``quantize_bias``, ``weight_storage`` ("folded", "packed" or "onnx": how folded weights
-    are written, docs/packed_weights.md).  ``calibration_data_reader`` follows onnxruntime's
-    ``CalibrationDataReader``; it is read only where a range is needed (BF16 activation
-    rescaling).
+    are written, docs/packed_weights.md), and the accuracy algorithms ``weight_rounding``
+    ("nearest" or "gptq"), ``fast_finetune`` (AdaQuant: a :class:`FastFinetune`, a dict of
+    its options, or True; the ``<NAME>_ADAQUANT`` configs turn it on) and
+    ``bias_correction``.  ``calibration_data_reader`` follows onnxruntime's
+    ``CalibrationDataReader``; it is read where a range is needed (BF16 activation
+    rescaling) and by the accuracy algorithms, which raise ``ValueError`` naming it when it
+    is missing.
 
     The output keeps the input's IR version, opsets (``weight_storage="onnx"`` raises them to
     IR 10 / opset 21 where lower), graph inputs, outputs and tensor names,
@@ -273,7 +277,13 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
                          f"model imports opset {_default_opset(model)}. Use the Extended Q/DQ "
                          "pair (the default) or convert the model's opset first")
 
-    view = ModelView(model, base_dir=os.path.dirname(in_path) if in_path else None)
+    base_dir = os.path.dirname(in_path) if in_path else None
+    tuning = None
+    if cfg.weight_rounding != "nearest" or cfg.fast_finetune is not None or \
+            cfg.bias_correction:
+        model, tuning, calibration_data_reader = _tune(model, cfg, calibration_data_reader,
+                                                       base_dir, progress)
+    view = ModelView(model, base_dir=base_dir)
     plan = plan_model(view, cfg)
     for site in plan.sites:  # before any work: a format the chosen storage cannot hold
         if site.kind == "weight":
@@ -304,7 +314,7 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     summary = QuantizationSummary(
         config=cfg.name, placement=cfg.placement, fold_weights=cfg.fold_weights,
         sites=records, skipped=plan.skipped, conflicts=plan.conflicts,
-        input_bytes=input_bytes, model=model)
+        input_bytes=input_bytes, model=model, tuning=tuning)
     if model_output is not None:
         written = save_model_atomic(model, os.fspath(model_output),
                                     0 if external_data else EXTERNAL_DATA_THRESHOLD, in_path)
@@ -314,6 +324,41 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
         summary.output_bytes = model.ByteSize()
     summary.seconds = time.perf_counter() - start
     return summary
+
+
+class _Replay:
+    """A CalibrationDataReader over batches already read."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+        self.feeds, self.pos = feeds, 0
+
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+    def get_next(self) -> Optional[dict[str, np.ndarray]]:
+        if self.pos >= len(self.feeds):
+            return None
+        self.pos += 1
+        return self.feeds[self.pos - 1]
+
+
+def _tune(model: onnx.ModelProto, cfg: QuantizationConfig,
+          reader: Optional[CalibrationDataReader], base_dir: Optional[str], progress: bool):
+    """Run the accuracy algorithms of ``cfg``: the tuned float model, the report, and a
+    reader that replays the calibration batches for later steps."""
+    from .adaquant import FastFinetune
+    from .tuning import read_feeds, tune_model
+    wanted = ([f"weight_rounding={cfg.weight_rounding!r}"]
+              if cfg.weight_rounding != "nearest" else []) + \
+        (["fast_finetune (the *_ADAQUANT configs)"] if cfg.fast_finetune else []) + \
+        (["bias_correction"] if cfg.bias_correction else [])
+    feeds = read_feeds(reader, (cfg.fast_finetune or FastFinetune()).data_size,
+                       " and ".join(wanted))
+    tuned, report = tune_model(model, cfg, feeds, weight_rounding=cfg.weight_rounding,
+                               fast_finetune=cfg.fast_finetune,
+                               bias_correction=cfg.bias_correction, base_dir=base_dir,
+                               progress=progress)
+    return tuned, report, _Replay(feeds)
 
 
 def _scale_from_range(abs_max: float, target: float) -> float:

@@ -64,6 +64,7 @@ class QuantizationSummary:
     output_bytes: int = 0
     seconds: float = 0.0
     model: Optional[onnx.ModelProto] = None
+    tuning: Optional[Any] = None   # a tuning.TuningReport when an accuracy algorithm ran
 
     def counts(self) -> Counter:
         """Quantized tensors per (format, kind, consumer op type)."""
@@ -97,7 +98,8 @@ class QuantizationSummary:
                 "quantized_weight_float_bytes": fb, "quantized_weight_packed_bytes": pb,
                 "runtime_nodes": self.runtime_node_count(),
                 "sites": [s.as_dict() for s in self.sites],
-                "skipped": self.skipped, "conflicts": self.conflicts}
+                "skipped": self.skipped, "conflicts": self.conflicts,
+                "tuning": self.tuning.as_dict() if self.tuning is not None else None}
 
     def __str__(self) -> str:
         lines = [f"quantized with {self.config} (placement {self.placement}, weights "
@@ -129,4 +131,6 @@ class QuantizationSummary:
             lines.append(f"  conflict: {c}")
         for s in self.skipped:
             lines.append(f"  skipped: {s}")
+        if self.tuning is not None:
+            lines += ["  " + line for line in self.tuning.lines()]
         return "\n".join(lines)
