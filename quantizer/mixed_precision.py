@@ -214,7 +214,8 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
                          candidates: Union[str, Sequence[Union[str, FormatSpec, None]]] = DEFAULT_CANDIDATES,
                          target: Optional[float] = None,
                          metric: Union[str, Callable] = "top1", *, progress: bool = False,
-                         max_batch: int = 32, sensitivity: Optional[SensitivityReport] = None,
+                         max_batch: int = 32, sensitivity_batches: Optional[int] = None,
+                         sensitivity: Optional[SensitivityReport] = None,
                          **options: Any) -> MixedPrecisionSummary:
     """Quantize ``model_input`` with a format per tensor from ``candidates`` (format names,
     FormatSpecs, ``"float"``; or a preset name of :data:`MIXED_CONFIGS`) so that ``metric``
@@ -227,7 +228,11 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     is better, each argument a list over calibration batches of the model's outputs.
     ``target`` None: no constraint, every tensor gets its cheapest candidate.  ``options``:
     placement and emission options of :class:`QuantizationConfig` (``op_types_to_quantize``,
-    ``nodes_to_exclude``, ``fold_weights``, ...).
+    ``nodes_to_exclude``, ``fold_weights``, ...).  Calibration batches of equal shape are
+    stacked up to ``max_batch`` samples; the sensitivity pass, which ranks the moves, may use
+    only the first ``sensitivity_batches`` (faster; every check of the target uses all).
+    ``sensitivity``: a report of :func:`~.sensitivity.analyze_sensitivity` on the same model,
+    data, candidates and metric, to skip that pass.
 
     Returns a :class:`MixedPrecisionSummary`: the usual summary plus ``weight_bits``,
     ``activation_bits`` (:func:`bits_accounting`), ``achieved`` (the metric of the written
@@ -253,7 +258,8 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     if not trial.sites:
         raise ValueError("the model has no tensor the placement quantizes (no Conv, "
                          "ConvTranspose, Gemm or MatMul input in float)")
-    report = sensitivity or sensitivity_of(trial, progress)
+    report = sensitivity or sensitivity_of(trial, progress, sensitivity_batches,
+                                           skip_top=True)
     start = [max((c for c in cands if s.allows(c)), key=bits_of) for s in trial.sites]
     if target is None:
         assignment = [min((c for c in cands if s.allows(c)), key=bits_of)

@@ -399,9 +399,10 @@ class TrialModel:
                                             site.flatten and spec.op != "BF16")
         return self._folded[key]
 
-    def outputs(self, assignment: Sequence[Optional[FormatSpec]]) -> Outputs:
-        """The model outputs (the metric's) on every calibration batch with ``assignment``
-        (one FormatSpec or None per site)."""
+    def outputs(self, assignment: Sequence[Optional[FormatSpec]],
+                batches: Optional[int] = None) -> Outputs:
+        """The model outputs (the metric's) on the first ``batches`` calibration batches
+        (None: all) with ``assignment`` (one FormatSpec or None per site)."""
         extra: dict[str, np.ndarray] = {}
         for site, spec in zip(self.sites, assignment):
             if site.kind == "weight":
@@ -413,15 +414,18 @@ class TrialModel:
                     if site.allows(spec):
                         extra[self._switch(site.index, spec)] = \
                             np.array(assignment[site.index] == spec)
-        return [self.session.run(self.wanted, {**feed, **extra}) for feed in self.batches]
+        return [self.session.run(self.wanted, {**feed, **extra})
+                for feed in self.batches[:batches]]
 
-    def evaluate(self, assignment: Sequence[Optional[FormatSpec]]) -> float:
-        """The metric of ``assignment`` against the float outputs (cached)."""
-        key = tuple(name_of(s) for s in assignment)
+    def evaluate(self, assignment: Sequence[Optional[FormatSpec]],
+                 batches: Optional[int] = None) -> float:
+        """The metric of ``assignment`` against the float outputs on the first ``batches``
+        calibration batches (None: all), cached."""
+        key = (batches,) + tuple(name_of(s) for s in assignment)
         if key not in self._cache:
             t = time.perf_counter()
-            self._cache[key] = float(self.metric.fn(self.float_outputs,
-                                                    self.outputs(assignment)))
+            self._cache[key] = float(self.metric.fn(self.float_outputs[:batches],
+                                                    self.outputs(assignment, batches)))
             self.evaluations += 1
             self.seconds += time.perf_counter() - t
         return self._cache[key]
@@ -532,25 +536,29 @@ class SensitivityReport:
         plt.close(fig)
 
 
-def sensitivity_of(trial: TrialModel, progress: bool = True) -> SensitivityReport:
-    """One evaluation per (site, quantized candidate): only that site in that format."""
+def sensitivity_of(trial: TrialModel, progress: bool = True, batches: Optional[int] = None,
+                   skip_top: bool = False) -> SensitivityReport:
+    """One evaluation per (site, quantized candidate): only that site in that format, on the
+    first ``batches`` calibration batches (None: all).  ``skip_top``: not the most precise
+    candidate of each site (the search starts there and needs only the cheaper ones)."""
     start = time.perf_counter()
     cands = [c for c in trial.candidates if c is not None]
-    todo = [(s, c) for s in trial.sites for c in cands if s.allows(c)]
+    todo = [(s, c) for s in trial.sites for c in cands if s.allows(c) and not (
+        skip_top and c == max((d for d in trial.candidates if s.allows(d)), key=bits_of))]
     bar = Progress("sensitivity", len(todo), progress)
     fidelity: list[dict[str, float]] = [{} for _ in trial.sites]
     base: list[Optional[FormatSpec]] = [None] * len(trial.sites)
     for site, spec in todo:
         assignment = list(base)
         assignment[site.index] = spec
-        fidelity[site.index][spec.name] = trial.evaluate(assignment)
+        fidelity[site.index][spec.name] = trial.evaluate(assignment, batches)
         bar.step()
     names = [name_of(c) for c in trial.candidates]
     report = SensitivityReport(
         metric=trial.metric.name, candidates=names,
         bits={name_of(c): bits_of(c) for c in trial.candidates}, sites=trial.sites,
-        fidelity=fidelity, batches=len(trial.batches),
-        samples=sum(len(next(iter(b.values()))) for b in trial.batches),
+        fidelity=fidelity, batches=len(trial.batches[:batches]),
+        samples=sum(len(next(iter(b.values()))) for b in trial.batches[:batches]),
         seconds=time.perf_counter() - start)
     report.losses = [{k: max(trial.metric.loss(v), 0.0) for k, v in row.items()}
                      for row in fidelity]
@@ -561,13 +569,15 @@ def analyze_sensitivity(model_input: ModelInput, calibration_data_reader: Any,
                         candidates: Sequence[Union[str, FormatSpec, None]] = (
                             "MXFP4E2M1", "MXFP6E2M3", "MXFP8E4M3", "MXINT8", "BF16"),
                         metric: Union[str, Callable] = "top1", *, progress: bool = False,
-                        max_batch: int = 32, **placement: Any) -> SensitivityReport:
+                        max_batch: int = 32, batches: Optional[int] = None,
+                        **placement: Any) -> SensitivityReport:
     """For each tensor the default placement quantizes (``placement``: its options, e.g.
     ``op_types_to_quantize``), the ``metric`` of the model output against float when only
     that tensor is quantized, in each candidate format, on the calibration data.  Print
     ``report.table()``; ``report.save_json(path)`` and ``report.save_heatmap(path)``
-    write the JSON and the PNG."""
+    write the JSON and the PNG.  Calibration batches of equal shape are stacked up to
+    ``max_batch`` samples; ``batches`` limits the analysis to the first ones (faster)."""
     cands = resolve_candidates(candidates)
     trial = TrialModel(model_input, calibration_data_reader, cands, resolve_metric(metric),
                        max_batch=max_batch, **placement)
-    return sensitivity_of(trial, progress)
+    return sensitivity_of(trial, progress, batches)
