@@ -118,7 +118,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--targets", type=float, nargs="+", default=[0.99])
     p.add_argument("--metric", default="top1")
     p.add_argument("--candidates", nargs="+", default=list(DEFAULT_CANDIDATES))
-    p.add_argument("--calib", type=int, default=32, help="calibration samples")
+    p.add_argument("--calib", type=int, default=24, help="calibration samples")
+    p.add_argument("--sensitivity-batches", type=int, default=None,
+                   help="stacked calibration batches (of 8) the sensitivity pass uses "
+                        "(default: all)")
     p.add_argument("--eval", type=int, default=100, help="held-out samples")
     p.add_argument("--out", default="bench-results/mixed_precision")
     p.add_argument("--heatmap", action="store_true", help="also write the sensitivity PNG")
@@ -153,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.model == "ocr":
         rows[0].update(task.metrics(ref, ref))
     report = analyze_sensitivity(model, ListReader(calib), args.candidates, args.metric,
-                                 progress=True)
+                                 progress=True, max_batch=8, batches=args.sensitivity_batches)
     print(report.table(limit=15))
     report.save_json(os.path.join(args.out, f"{args.model}_sensitivity.json"))
     if args.heatmap:
@@ -162,7 +165,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for target in args.targets:
             out = os.path.join(tmp, f"{args.model}_{target}.onnx")
             s = auto_mixed_precision(model, out, ListReader(calib), args.candidates, target,
-                                     args.metric, progress=True, sensitivity=report)
+                                     args.metric, progress=True, max_batch=8,
+                                     sensitivity=report)
             print(s.__str__().splitlines()[0], file=sys.stderr)
             outs, ms = run_feeds(out, feeds, True, repeats=2)
             rows.append({"target": target, "calib_" + args.metric: s.achieved,

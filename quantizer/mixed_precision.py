@@ -300,6 +300,7 @@ def _finish(summary: QuantizationSummary, model_input: ModelInput, model_output:
     wb, ab = bits_accounting(trial.sites, assignment)
     fields = {f.name: getattr(summary, f.name) for f in dataclasses.fields(QuantizationSummary)}
     fields["config"] = "auto mixed precision"
+    fields["seconds"] = time.perf_counter() - start_time
     layers = [{"tensor": s.tensor, "kind": s.kind, "layers": s.layers, "numel": s.numel,
                "format": name_of(a), "bits": bits_of(a)} for s, a in zip(trial.sites, assignment)]
     return MixedPrecisionSummary(
