@@ -82,7 +82,8 @@ def test_trial_model_equals_written_model_bit_for_bit(builder, shapes, name):
     outputs of quantize_model's model: the search scores what it will write."""
     reader = Reader(shapes, n=3)
     cands = resolve_candidates([name])
-    trial = TrialModel(builder(), reader, cands, resolve_metric(lambda a, b: 0.0))
+    trial = TrialModel(builder(), reader, cands, resolve_metric(lambda a, b: 0.0),
+                       max_batch=1)
     got = trial.outputs([cands[0]] * len(trial.sites))
     ref = run_model(quantize_model(builder(), None, name).model, reader.all)
     assert len(got) == len(ref) == 3
