@@ -77,9 +77,11 @@ def test_metrics_hand_computed():
 # -- the trial model -----------------------------------------------------------------------
 @pytest.mark.parametrize("builder, shapes", [(conv_model, CONV_IN), (matmul_model, MATMUL_IN)])
 @pytest.mark.parametrize("name", ["MXFP4E2M1", "MXFP6E2M3", "MXINT8", "BF16", "MX6", "BFP16"])
-def test_trial_model_equals_written_model_bit_for_bit(builder, shapes, name):
-    """Every tensor in one format through the trial model's switches gives exactly the
-    outputs of quantize_model's model: the search scores what it will write."""
+def test_trial_model_equals_written_model(builder, shapes, name):
+    """Every tensor in one format through the trial model's switches gives the outputs of
+    quantize_model's model (the search scores what it will write): the folded weights it
+    feeds are bit-identical to the written ones; the outputs agree to float32 rounding
+    (onnxruntime may sum in another order when a weight is a graph input)."""
     reader = Reader(shapes, n=3)
     cands = resolve_candidates([name])
     trial = TrialModel(builder(), reader, cands, resolve_metric(lambda a, b: 0.0),
@@ -89,7 +91,12 @@ def test_trial_model_equals_written_model_bit_for_bit(builder, shapes, name):
     assert len(got) == len(ref) == 3
     for g, r in zip(got, ref):
         for a, b in zip(g, r):
-            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * float(np.abs(b).max()))
+    written = {i.name: onnx.numpy_helper.to_array(i)
+               for i in quantize_model(builder(), None, name).model.graph.initializer}
+    for site in trial.sites:
+        if site.kind == "weight" and site.tensor in written:
+            np.testing.assert_array_equal(trial.folded(site, cands[0]), written[site.tensor])
 
 
 def test_calibration_batches_are_stacked_when_the_batch_axis_is_dynamic():
@@ -115,7 +122,7 @@ def test_sensitivity_values_are_one_tensor_quantized(tmp_path):
     ref = run_model(conv_model(), reader.all)
     expected = cosine_by_hand(ref, run_model(only_w1, reader.all))
     w1 = next(s.index for s in report.sites if s.tensor == "w1")
-    assert report.fidelity[w1]["MXFP4E2M1"] == pytest.approx(expected, abs=1e-9)
+    assert report.fidelity[w1]["MXFP4E2M1"] == pytest.approx(expected, abs=1e-6)
     assert expected < 1.0
     # Ranked most damaging first at the cheapest format.
     ranked = [report.fidelity[i]["MXFP4E2M1"] for i in report.ranking()]
