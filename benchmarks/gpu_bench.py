@@ -1,10 +1,11 @@
-"""GPU kernel benchmark: every configuration of SPEC section 3 against a device-to-device copy
+"""GPU kernel benchmark: every built-in configuration against a device-to-device copy
 of the same bytes, in the same run, on the same buffers.
 
-    python benchmarks/gpu_bench.py                 # 256 Mi elements, all configs and dtypes
-    python benchmarks/gpu_bench.py --elements 16M --dtypes float32 --json out.json
+    python -m ort_mx_ops.benchmarks.gpu_bench      # 256 Mi elements, all configs and dtypes
+    python -m ort_mx_ops.benchmarks.gpu_bench --elements 16M --dtypes float32 --json out.json
 
-Drives the GPU library's C entry point (mxops_gpu_qdq, csrc/cuda/test_entry.cu) through ctypes
+Drives the C entry point (mxops_gpu_qdq, csrc/cuda/test_entry.cu) of the GPU test library
+(build/gpu-tests/ of the source checkout, or $MXOPS_GPU_TEST_LIB_DIR) through ctypes
 on PyTorch or CuPy buffers, so onnxruntime-gpu is not needed. Times are CUDA/HIP event times,
 the median of --iters runs after warm-up. Bandwidth counts the bytes each kernel must move
 (read x, write y); the copy's bandwidth is cudaMemcpyAsync device-to-device of x's bytes.
@@ -15,15 +16,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import ort_mx_ops  # noqa: E402
-from ort_mx_ops.formats import CONFIGS  # noqa: E402
+import ort_mx_ops
+from ort_mx_ops.formats import CONFIGS
 
 TARGET = 0.85
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -120,8 +120,17 @@ class Device:
         return statistics.median(times)
 
 
+def default_library(backend: str) -> str:
+    """The GPU test library of ``backend`` where the build left one, else the installed GPU
+    library (builds that still link the entry points into it)."""
+    folder = Path(os.environ.get("MXOPS_GPU_TEST_LIB_DIR",
+                                 Path(__file__).resolve().parents[1] / "build" / "gpu-tests"))
+    test_lib = folder / f"libort_mx_ops_{backend.lower()}_tests.so"
+    return str(test_lib) if test_lib.exists() else ort_mx_ops.get_library_path(backend)
+
+
 def load_library(device: Device, path: str | None) -> ctypes.CDLL:
-    lib = ctypes.CDLL(path or ort_mx_ops.get_library_path(device.backend))
+    lib = ctypes.CDLL(path or default_library(device.backend))
     lib.mxops_gpu_qdq.restype = ctypes.c_int
     lib.mxops_gpu_qdq.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                   ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_void_p,
@@ -140,12 +149,12 @@ def main() -> int:
     ap.add_argument("--elements", default="256Mi", help="elements per tensor (256Mi)")
     ap.add_argument("--row", type=int, default=4096, help="length of the last axis (4096)")
     ap.add_argument("--dtypes", default="float32,float16,bfloat16")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="names from SPEC section 3")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="built-in configuration names (docs/formats.md)")
     ap.add_argument("--axes", default="inner,outer",
                     help="inner: blocks along the last axis; outer: along the first")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--library", help="path of the GPU library (default: the installed one)")
+    ap.add_argument("--library", help="path of the GPU test library (default: see the module docs)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when a run is below 85 %% of the copy bandwidth")

@@ -7,7 +7,7 @@ tensor ``[rows, cols]`` blocked along ``axis`` (1: the blocked axis is innermost
 The standard-ONNX form (``standard_qdq_model``) uses only default-domain ops (Reshape, Abs,
 ReduceMax, Log, Floor, Pow, Where, Div, Mul, Round, Min, Max, Clip, Sign, Cast), so any ONNX
 runtime executes it. It is the same operation as the custom op for finite normal float32 inputs
-and rounding_mode 2 (the SPEC section 3 configurations): ONNX ``Round`` is half to even, the
+and rounding_mode 2 (the built-in configurations): ONNX ``Round`` is half to even, the
 block exponent is that of the block's largest magnitude, found as floor(log2) from ``Log`` and
 corrected by one step either way so it is exact, and every scaling is by an exact power of two.
 It does not reproduce the special cases (Inf / NaN handling, subnormal flushing of the
@@ -23,14 +23,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ort_mx_ops.formats import CONFIGS, MX_ELEMENT_FORMATS, QUARK_DOMAIN
+from ort_mx_ops.formats import CONFIGS, MX_ELEMENT_FORMATS
+from ort_mx_ops.quantizer.nodes import NodeFactory
 
-__all__ = ["ONNX_TYPES", "OP_NAMES", "custom_qdq_model", "standard_qdq_model", "reference_model",
+__all__ = ["ONNX_TYPES", "custom_qdq_model", "standard_qdq_model", "reference_model",
            "geometry"]
 
 ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
               "bfloat16": TensorProto.BFLOAT16}
-OP_NAMES = {"BFP": "BFPQuantizeDequantize", "MX": "MXQuantizeDequantize"}
 OPSET = 18
 
 
@@ -53,21 +53,14 @@ def _model(nodes: list, shape, dtype: str, initializers=(), domains=()) -> bytes
 
 
 def custom_qdq_model(config: str, shape, axis: int, dtype: str) -> bytes:
-    """The product's (or a drop-in library's) op for ``config`` (SPEC section 3)."""
-    cfg = CONFIGS[config]
-    if cfg.op == "BF16":
-        if dtype != "float32":
-            raise ValueError("the Extended Q/DQ pair quantizes float32 tensors")
-        inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [1.0]),
-                 helper.make_tensor("z", TensorProto.BFLOAT16, [], [0])]
-        nodes = [helper.make_node("ExtendedQuantizeLinear", ["X", "s", "z"], ["q"],
-                                  domain=QUARK_DOMAIN),
-                 helper.make_node("ExtendedDequantizeLinear", ["q", "s", "z"], ["Y"],
-                                  domain=QUARK_DOMAIN)]
-        return _model(nodes, shape, dtype, inits, [QUARK_DOMAIN])
-    node = helper.make_node(OP_NAMES[cfg.op], ["X"], ["Y"], domain=QUARK_DOMAIN, axis=axis,
-                            **cfg.attrs)
-    return _model([node], shape, dtype, domains=[QUARK_DOMAIN])
+    """The product's (or a drop-in library's) op for the built-in ``config``, built by the
+    quantizer's node factory (BF16: the Extended Q/DQ pair with scale 1)."""
+    spec = CONFIGS[config]
+    if spec.op == "BF16" and dtype != "float32":
+        raise ValueError("the Extended Q/DQ pair quantizes float32 tensors")
+    names = iter(f"t{i}" for i in range(1000))
+    emitted = NodeFactory(lambda base: next(names)).quantize(spec, "X", "Y", axis)
+    return _model(emitted.nodes, shape, dtype, emitted.initializers, sorted(emitted.domains))
 
 
 def reference_model(kind: str, shape, dtype: str) -> bytes:

@@ -6,9 +6,10 @@ Load the ops into a session::
     so = ort.SessionOptions()
     so.register_custom_ops_library(ort_mx_ops.get_library_path())   # or ort_mx_ops.register(so)
 
-``ort_mx_ops.reference`` has numpy implementations of every op (SPEC section 2);
+``ort_mx_ops.formats`` is the catalogue of ops, attributes and number formats;
+``ort_mx_ops.reference`` has numpy implementations of every op (docs/formats.md);
 ``ort_mx_ops.native`` runs the CPU kernels on numpy arrays; ``ort_mx_ops.quantizer`` inserts
-the ops into ONNX graphs.
+the ops into ONNX graphs (docs/quantizer.md).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plain numpy implementations of every operator, written to read like SPEC section 2.
+"""Plain numpy implementations of every operator, written to read like docs/formats.md.
 
 This module is the test oracle for the native kernels and a fallback for anyone without the
 native build.  It favours clarity over speed: each function moves the blocked axis last,
@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from .formats import MX_ELEMENT_FORMATS, BFP_METHODS, MXElementFormat
+from .formats import MX_ELEMENT_FORMATS, BFP_METHODS, MXElementFormat, resolve_attrs
 
 __all__ = [
     "round_half",
@@ -33,7 +33,7 @@ F32 = np.float32
 
 
 # --------------------------------------------------------------------------------------
-# Bit helpers and type conversions (SPEC 2.1)
+# Bit helpers and type conversions (docs/formats.md, "Types")
 # --------------------------------------------------------------------------------------
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -115,7 +115,7 @@ def _dtype_name(x: np.ndarray, dtype: str | None) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# Rounding (SPEC 2.1)
+# Rounding (docs/formats.md, "Rounding")
 # --------------------------------------------------------------------------------------
 
 def round_half(v: np.ndarray, rounding_mode: int) -> np.ndarray:
@@ -140,7 +140,7 @@ def round_half(v: np.ndarray, rounding_mode: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------
-# Blocking: a block is block_size consecutive indices along the axis (SPEC 2.1)
+# Blocking: block_size consecutive indices along the axis (docs/formats.md, "Blocks")
 # --------------------------------------------------------------------------------------
 
 def _blocked_apply(x: np.ndarray, axis: int, block_size: int,
@@ -188,7 +188,7 @@ def _run_blocked(x: np.ndarray, dtype: str | None, axis: int, block_size: int,
 
 
 # --------------------------------------------------------------------------------------
-# BFP and microexponents (SPEC 2.2)
+# BFP and microexponents (docs/formats.md, "BFP" and "Microexponents")
 # --------------------------------------------------------------------------------------
 
 def _to_bfp_blocks(blocks: np.ndarray, m: int, rounding_mode: int) -> np.ndarray:
@@ -206,8 +206,9 @@ def _to_bfp_blocks(blocks: np.ndarray, m: int, rounding_mode: int) -> np.ndarray
 
 def _significand_round(M: np.ndarray, t: np.ndarray, m: int, rounding_mode: int,
                        negative: np.ndarray) -> np.ndarray:
-    """Drop ``t`` low bits of the integer significand ``M`` with rounding_mode (SPEC 2.2
-    step 3); a quotient already at 2^m - 1 is kept (saturation, no carry)."""
+    """Drop ``t`` low bits of the integer significand ``M`` with rounding_mode
+    (docs/formats.md, "Microexponents", step 3); a quotient already at 2^m - 1 is kept
+    (saturation, no carry)."""
     t = np.minimum(t, 62)  # t >= 25 gives 0 anyway; keep the shift inside the word
     q = M >> t
     r = M & ((np.int64(1) << t) - 1)
@@ -238,43 +239,34 @@ def _to_bfp_prime_blocks(blocks: np.ndarray, m: int, sub_block_size: int,
     return np.where(s == 255, nan, y).astype(F32)
 
 
-def bfp_quantize_dequantize(x: np.ndarray, bfp_method: str = "to_bfp", axis: int = 1,
-                            bit_width: int = 16, block_size: int = 8, rounding_mode: int = 0,
-                            sub_block_size: int = 2, sub_block_shift_bits: int = 1,
-                            convert_to_bfloat_before_bfp: int = 0,
-                            use_compiler_version_cpu_kernel: int = 0,
-                            dtype: str | None = None) -> np.ndarray:
+def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
+                            **attrs: int | str) -> np.ndarray:
     """``BFPQuantizeDequantize`` / ``BFPFixNeuron``: block floating point (``to_bfp``) or
-    microexponents (``to_bfp_prime``), returning an array of the input's type and shape."""
-    method = BFP_METHODS.get(bfp_method)
-    if method is None:
-        raise ValueError(f"bfp_method must be one of {sorted(BFP_METHODS)}, got {bfp_method!r}")
-    if use_compiler_version_cpu_kernel:
-        raise NotImplementedError("use_compiler_version_cpu_kernel = 1 is not supported yet")
-    if not 10 <= bit_width <= 32:
-        raise ValueError(f"bit_width must be in [10, 32], got {bit_width}")
-    if block_size < 1 or rounding_mode not in (0, 1, 2):
-        raise ValueError("block_size must be >= 1 and rounding_mode 0, 1 or 2")
-    m = bit_width - 9
+    microexponents (``to_bfp_prime``), returning an array of the input's type and shape.
+
+    ``attrs`` are the node's attributes (``bfp_method``, ``axis``, ``bit_width``,
+    ``block_size``, ``rounding_mode``, ``sub_block_size``, ``sub_block_shift_bits``,
+    ``convert_to_bfloat_before_bfp``); missing ones take the defaults of
+    ``ort_mx_ops.formats.OPS``, and invalid ones raise ``ValueError`` as the native op does."""
+    a = resolve_attrs("BFPQuantizeDequantize", attrs)
+    method = BFP_METHODS[a["bfp_method"]]
+    axis, block_size, rounding_mode = a["axis"], a["block_size"], a["rounding_mode"]
+    sub_block_size, sub_block_shift_bits = a["sub_block_size"], a["sub_block_shift_bits"]
+    m = a["bit_width"] - 9
     if method == "to_bfp":
         def per_block(b: np.ndarray) -> np.ndarray:
             return _to_bfp_blocks(b, m, rounding_mode)
     else:
-        if sub_block_size < 1 or block_size % sub_block_size:
-            raise ValueError("sub_block_size must be >= 1 and divide block_size")
-        if not 0 <= sub_block_shift_bits <= 8:
-            raise ValueError("sub_block_shift_bits must be in [0, 8]")
-
         def per_block(b: np.ndarray) -> np.ndarray:
             return _to_bfp_prime_blocks(b, m, sub_block_size, sub_block_shift_bits,
                                         rounding_mode)
-    prepare = bf16_round if convert_to_bfloat_before_bfp else (lambda v: v)
+    prepare = bf16_round if a["convert_to_bfloat_before_bfp"] else (lambda v: v)
     granule = sub_block_size if method == "to_bfp_prime" else 1
     return _run_blocked(x, dtype, axis, block_size, per_block, prepare, granule)
 
 
 # --------------------------------------------------------------------------------------
-# OCP microscaling (SPEC 2.3)
+# OCP microscaling (docs/formats.md, "OCP microscaling")
 # --------------------------------------------------------------------------------------
 
 def _round_to_element(v: np.ndarray, fmt: MXElementFormat) -> np.ndarray:
@@ -305,23 +297,20 @@ def _mx_blocks(blocks: np.ndarray, fmt: MXElementFormat, rounding_mode: int) -> 
     return np.where(is_special, blocks, y)
 
 
-def mx_quantize_dequantize(x: np.ndarray, element_dtype: str = "int8", axis: int = 1,
-                           block_size: int = 32, rounding_mode: int = 0,
-                           dtype: str | None = None) -> np.ndarray:
+def mx_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
+                           **attrs: int | str) -> np.ndarray:
     """``MXQuantizeDequantize`` / ``MXFixNeuron``: OCP microscaling with an E8M0 shared
-    scale and the named element type."""
-    fmt = MX_ELEMENT_FORMATS.get(element_dtype)
-    if fmt is None:
-        raise ValueError(f"element_dtype must be one of {sorted(MX_ELEMENT_FORMATS)}, "
-                         f"got {element_dtype!r}")
-    if block_size < 1 or rounding_mode not in (0, 1, 2):
-        raise ValueError("block_size must be >= 1 and rounding_mode 0, 1 or 2")
+    scale and the named element type.  ``attrs`` (``element_dtype``, ``axis``,
+    ``block_size``, ``rounding_mode``) default and validate as in ``ort_mx_ops.formats.OPS``."""
+    a = resolve_attrs("MXQuantizeDequantize", attrs)
+    fmt = MX_ELEMENT_FORMATS[a["element_dtype"]]
+    axis, block_size, rounding_mode = a["axis"], a["block_size"], a["rounding_mode"]
     return _run_blocked(x, dtype, axis, block_size,
                         lambda b: _mx_blocks(b, fmt, rounding_mode))
 
 
 # --------------------------------------------------------------------------------------
-# BF16 quantize / dequantize (SPEC 2.4)
+# BF16 quantize / dequantize (docs/formats.md, "BF16")
 # --------------------------------------------------------------------------------------
 
 def _per_axis(param: np.ndarray, ndim: int, axis: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """``ort-mx-smoke``: every op of the library once through onnxruntime, as a table.
 
-For each configuration of SPEC section 3 it builds a one-node model, runs it on a random
+For each built-in configuration it builds a one-node model, runs it on a random
 tensor with the library registered, and reports whether the output equals
 ``ort_mx_ops.reference`` bit for bit, the relative RMS error against the input, and the
 time per run. A quick check that an installation works.
@@ -11,48 +11,50 @@ import argparse
 import time
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from . import register, reference
-from .formats import CONFIGS, LEGACY_DOMAIN, QUARK_DOMAIN
+from .formats import CONFIGS, LEGACY_NAMES, FormatSpec
+from .quantizer.nodes import NodeFactory
 
 
-def _block_model(op: str, domain: str, attrs: dict):
-    node = helper.make_node(op, ["x"], ["y"], domain=domain, **attrs)
-    graph = helper.make_graph([node], "smoke", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    return helper.make_model(graph, ir_version=8, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+def _model(spec: FormatSpec, legacy: bool = False) -> onnx.ModelProto:
+    """A one-node model (the Extended Q/DQ pair for BF16) of ``spec`` blocked along the last
+    axis, built by the quantizer's node factory."""
+    names = iter(f"t{i}" for i in range(1000))
+    factory = NodeFactory(lambda base: next(names), legacy_names=legacy)
+    emitted = factory.quantize(spec, "x", "y", axis=-1)
+    graph = helper.make_graph(emitted.nodes, "smoke",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=emitted.initializers)
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)] +
+                             [helper.make_opsetid(d, 1) for d in sorted(emitted.domains)])
 
 
-def _bf16_model():
-    """ExtendedQuantizeLinear -> ExtendedDequantizeLinear with scale 1 and a bfloat16 zero 0."""
-    inits = [helper.make_tensor("scale", TensorProto.FLOAT, [], [1.0]),
-             helper.make_tensor("zp", TensorProto.BFLOAT16, [], b"\x00\x00", raw=True)]
-    nodes = [helper.make_node("ExtendedQuantizeLinear", ["x", "scale", "zp"], ["q"], domain=QUARK_DOMAIN),
-             helper.make_node("ExtendedDequantizeLinear", ["q", "scale", "zp"], ["y"], domain=QUARK_DOMAIN)]
-    graph = helper.make_graph(nodes, "smoke", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
-    return helper.make_model(graph, ir_version=8, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid(QUARK_DOMAIN, 1)])
+def _reference(spec: FormatSpec):
+    """The numpy reference of ``spec`` along the last axis."""
+    if spec.op == "BF16":
+        one, zero = np.float32(1), np.uint16(0)
+        return lambda x: reference.extended_dequantize_linear(
+            reference.extended_quantize_linear(x, one, zero), one, zero)
+    fn = reference.bfp_quantize_dequantize if spec.op == "BFP" else reference.mx_quantize_dequantize
+    attrs = spec.node_attrs(-1)
+    return lambda x: fn(x, **attrs)
 
 
 def _cases():
-    """(label, model, numpy reference function) for every configuration and legacy name."""
-    for name, cfg in CONFIGS.items():
-        if cfg.op == "BF16":
-            yield name, "Extended Q/DQ pair", _bf16_model(), lambda x: reference.extended_dequantize_linear(
-                reference.extended_quantize_linear(x, np.float32(1), np.uint16(0)), np.float32(1), np.uint16(0))
-            continue
-        op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
-        fn = reference.bfp_quantize_dequantize if cfg.op == "BFP" else reference.mx_quantize_dequantize
-        attrs = dict(cfg.attrs, axis=-1)
-        yield name, op, _block_model(op, QUARK_DOMAIN, attrs), (lambda x, fn=fn, a=attrs: fn(x, **a))
-    for name, op, fn, attrs in [("MX6 (legacy)", "BFPFixNeuron", reference.bfp_quantize_dequantize, CONFIGS["MX6"].attrs),
-                                ("MXFP8E4M3 (legacy)", "MXFixNeuron", reference.mx_quantize_dequantize, CONFIGS["MXFP8E4M3"].attrs)]:
-        attrs = dict(attrs, axis=-1)
-        yield name, op, _block_model(op, LEGACY_DOMAIN, attrs), (lambda x, fn=fn, a=attrs: fn(x, **a))
+    """(label, op, model, numpy reference function) for every configuration, and the
+    legacy names of two."""
+    for name, spec in CONFIGS.items():
+        op = spec.op_type or "Extended Q/DQ pair"
+        yield name, op, _model(spec), _reference(spec)
+    for name in ("MX6", "MXFP8E4M3"):
+        spec = CONFIGS[name]
+        yield f"{name} (legacy)", LEGACY_NAMES[spec.op_type], _model(spec, legacy=True), \
+            _reference(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,13 +2,19 @@
 
 ``quantize_model(model_input, model_output, "MXFP8E4M3")`` quantizes the inputs of Conv,
 ConvTranspose, Gemm and MatMul along their reduction axes and folds the weights offline;
-see :class:`QuantizationConfig` for every option and ``ort-mx-quantize --help`` for the CLI.
+``activation="MXINT8"`` gives activations another format, ``activation=None`` keeps them
+float.  See :class:`QuantizationConfig` for every option, :mod:`.handlers` for what each op
+type contributes, docs/quantizer.md, and ``ort-mx-quantize --help`` for the CLI.
 """
 from .config import (FormatSpec, QuantizationConfig, get_config, config_names,
                      DEFAULT_OP_TYPES)
+from .handlers import (OpHandler, Layer, handler_for, register_handler, layers, COMPUTE_OPS)
+from .nodes import NodeFactory
 from .quantize import quantize_model, fold_weight
 from .summary import QuantizationSummary
 from .calibration import CalibrationDataReader
 
 __all__ = ["quantize_model", "fold_weight", "FormatSpec", "QuantizationConfig", "get_config",
-           "config_names", "DEFAULT_OP_TYPES", "QuantizationSummary", "CalibrationDataReader"]
+           "config_names", "DEFAULT_OP_TYPES", "COMPUTE_OPS", "QuantizationSummary",
+           "CalibrationDataReader", "OpHandler", "Layer", "handler_for", "register_handler",
+           "layers", "NodeFactory"]

@@ -3,62 +3,45 @@
 The reader is anything with ``get_next()`` returning a dict of input name -> array, and
 None when done (the protocol of ``onnxruntime.quantization.CalibrationDataReader``).  Only
 BF16 activation rescaling needs ranges; for BFP and MX formats the shared scale comes from
-each block at run time, so calibration has nothing to compute (SPEC section 5).
+each block at run time, so calibration has nothing to compute.
 """
 from __future__ import annotations
 
-import sys
-import time
-from typing import Any, Iterable, Optional, Protocol, TextIO
+from typing import Any, Iterable, Optional, Protocol
 
 import numpy as np
 import onnx
 
-__all__ = ["CalibrationDataReader", "ProgressBar", "collect_abs_max"]
+from .progress import ProgressBar
+
+__all__ = ["CalibrationDataReader", "NpzReader", "collect_abs_max"]
 
 
 class CalibrationDataReader(Protocol):
     def get_next(self) -> Optional[dict[str, np.ndarray]]: ...
 
 
-class ProgressBar:
-    """A one-line progress bar on stderr (``\\r``-updated on a terminal, a line every 10% when
-    redirected); ``total`` may be None when the reader does not know its length."""
+class NpzReader:
+    """CalibrationDataReader over an .npz: arrays named after inputs, samples on axis 0,
+    yielded ``batch_size`` at a time."""
 
-    def __init__(self, label: str, total: Optional[int] = None, stream: TextIO | None = None,
-                 enabled: bool = True) -> None:
-        self.label, self.total, self.count = label, total, 0
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.start = time.perf_counter()
-        self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._last_decile = -1
+    def __init__(self, path: str, batch_size: int = 1) -> None:
+        self.arrays = dict(np.load(path))
+        if not self.arrays:
+            raise ValueError(f"{path} holds no arrays")
+        self.n = min(len(a) for a in self.arrays.values())
+        self.batch_size = batch_size
+        self.pos = 0
 
-    def update(self, n: int = 1) -> None:
-        self.count += n
-        if not self.enabled:
-            return
-        elapsed = time.perf_counter() - self.start
-        rate = self.count / elapsed if elapsed > 0 else 0.0
-        if self.total:
-            frac = min(self.count / self.total, 1.0)
-            bar = "#" * int(frac * 30) + "." * (30 - int(frac * 30))
-            text = f"{self.label} [{bar}] {self.count}/{self.total} {rate:.1f}/s"
-            decile = int(frac * 10)
-        else:
-            text = f"{self.label} {self.count} batches {rate:.1f}/s"
-            decile = self.count // 10
-        if self._tty:
-            self.stream.write("\r" + text)
-            self.stream.flush()
-        elif decile != self._last_decile:
-            self.stream.write(text + "\n")
-        self._last_decile = decile
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
 
-    def close(self) -> None:
-        if self.enabled and self._tty:
-            self.stream.write("\n")
-            self.stream.flush()
+    def get_next(self) -> Optional[dict[str, np.ndarray]]:
+        if self.pos >= self.n:
+            return None
+        sl = slice(self.pos, self.pos + self.batch_size)
+        self.pos += self.batch_size
+        return {k: a[sl] for k, a in self.arrays.items()}
 
 
 def _reader_length(reader: Any) -> Optional[int]:

@@ -13,35 +13,11 @@ import json
 import sys
 from typing import Optional, Sequence
 
-import numpy as np
-
-from .config import config_names, DEFAULT_OP_TYPES
+from .calibration import NpzReader
+from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS
 from .quantize import quantize_model
 
 __all__ = ["main", "NpzReader"]
-
-
-class NpzReader:
-    """CalibrationDataReader over an .npz: arrays named after inputs, samples on axis 0,
-    yielded ``batch_size`` at a time."""
-
-    def __init__(self, path: str, batch_size: int = 1) -> None:
-        self.arrays = dict(np.load(path))
-        if not self.arrays:
-            raise ValueError(f"{path} holds no arrays")
-        self.n = min(len(a) for a in self.arrays.values())
-        self.batch_size = batch_size
-        self.pos = 0
-
-    def __len__(self) -> int:
-        return -(-self.n // self.batch_size)
-
-    def get_next(self) -> Optional[dict[str, np.ndarray]]:
-        if self.pos >= self.n:
-            return None
-        sl = slice(self.pos, self.pos + self.batch_size)
-        self.pos += self.batch_size
-        return {k: a[sl] for k, a in self.arrays.items()}
 
 
 def _load_reader(spec: str):
@@ -72,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE",
                    help="names of nodes whose inputs stay float")
     p.add_argument("--quantize-bias", action="store_true", help="also quantize Conv/Gemm bias")
-    p.add_argument("--placement", choices=["default", "quark"], default="default",
+    p.add_argument("--placement", choices=list(PLACEMENTS), default="default",
                    help="'quark' reproduces Quark's placement (every op's inputs, axis 1)")
     p.add_argument("--no-fold", action="store_true",
                    help="keep a runtime node on each weight instead of folding it offline")
@@ -96,19 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ort-mx-quantize``; returns the process exit status."""
     args = build_parser().parse_args(argv)
-    from .config import FormatSpec, get_config
-
-    def spec(name: Optional[str], default):
-        if name is None:
-            return default
-        return None if name.lower() == "none" else FormatSpec.from_name(name)
+    from .config import get_config
 
     try:
         base = get_config(args.config)
         cfg = base.replace(
-            activation=spec(args.activation_config, base.activation),
-            weight=spec(args.weight_config, base.weight), name="" if
-            (args.activation_config or args.weight_config) else base.name,
+            activation=base.activation if args.activation_config is None
+            else args.activation_config,
+            weight=base.weight if args.weight_config is None else args.weight_config,
             op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
             quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
             placement=args.placement, fold_weights=not args.no_fold,

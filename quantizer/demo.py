@@ -19,13 +19,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, asdict
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import onnx
 
-from .calibration import ProgressBar
+from .calibration import NpzReader
 from .config import config_names
+from .progress import ProgressBar
 from .quantize import quantize_model
 
 __all__ = ["main", "find_rapidocr_recognizer", "Row"]
@@ -151,10 +152,9 @@ class GenericTask:
         rng = np.random.default_rng(seed)
         self.feeds: list[dict[str, np.ndarray]] = []
         if data:
-            arrays = dict(np.load(data))
-            n = min(len(a) for a in arrays.values())
-            self.feeds = [{k: a[i:i + 1] for k, a in arrays.items()} for i in range(n)]
-            self.description = f"{n} samples from {data}"
+            reader = NpzReader(data, batch_size=1)
+            self.feeds = list(iter(reader.get_next, None))
+            self.description = f"{len(self.feeds)} samples from {data}"
         else:
             for _ in range(samples):
                 feed = {}

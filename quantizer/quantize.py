@@ -17,11 +17,11 @@ import onnx
 from onnx import helper, numpy_helper, TensorProto
 
 from ort_mx_ops import reference
-from ort_mx_ops.formats import QUARK_DOMAIN, LEGACY_DOMAIN
 
 from .calibration import collect_abs_max, CalibrationDataReader
 from .config import QuantizationConfig, FormatSpec, get_config
 from .graph import ModelView
+from .nodes import NodeFactory
 from .placement import plan_model, Site
 from .summary import QuantizationSummary, SiteRecord
 
@@ -29,11 +29,6 @@ __all__ = ["quantize_model", "fold_weight", "save_model_atomic", "EXTERNAL_DATA_
 
 # Protobuf cannot serialise a message of 2 GiB or more; stay clear of it with some margin.
 EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3 - 64 * 1024 ** 2
-
-_OP_NAMES = {("BFP", False): ("BFPQuantizeDequantize", QUARK_DOMAIN),
-             ("MX", False): ("MXQuantizeDequantize", QUARK_DOMAIN),
-             ("BFP", True): ("BFPFixNeuron", LEGACY_DOMAIN),
-             ("MX", True): ("MXFixNeuron", LEGACY_DOMAIN)}
 
 ModelInput = Union[str, os.PathLike, onnx.ModelProto]
 
@@ -47,13 +42,6 @@ def _native():
             "installation lacks; reinstall the package so that its extension builds, or pass "
             "fold_weights=False to keep a runtime node on each weight") from exc
     return native
-
-
-def _node_attrs(spec: FormatSpec, axis: int) -> dict[str, Any]:
-    attrs = spec.full_attrs()
-    if spec.op == "BFP" and not attrs.get("use_compiler_version_cpu_kernel"):
-        attrs.pop("use_compiler_version_cpu_kernel", None)
-    return {**attrs, "axis": int(axis)}
 
 
 def fold_weight(values: np.ndarray, spec: FormatSpec, axis: Optional[int],
@@ -71,7 +59,7 @@ def fold_weight(values: np.ndarray, spec: FormatSpec, axis: Optional[int],
         q = reference.extended_quantize_linear(values.astype(np.float32), scale, zp)
         return reference.extended_dequantize_linear(q, scale, zp).astype(values.dtype)
     native = _native()
-    attrs = _node_attrs(spec, 0 if axis is None else axis)
+    attrs = spec.node_attrs(0 if axis is None else axis)
     fn = native.bfp_quantize_dequantize if spec.op == "BFP" else native.mx_quantize_dequantize
     out = np.asarray(fn(np.ascontiguousarray(values), **attrs))
     if out.shape != values.shape or out.dtype != values.dtype:
@@ -171,16 +159,19 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
                    calibration_data_reader: Optional[CalibrationDataReader] = None,
                    *, progress: bool = False, **options: Any) -> QuantizationSummary:
     """Quantize ``model_input`` (a path or a ModelProto, which is left untouched) with
-    ``config`` (a SPEC section 3 name such as ``"MXFP8E4M3"``, or a
-    :class:`QuantizationConfig`) and write the result to ``model_output`` (None: only return
-    it, as ``summary.model``).
+    ``config`` (a built-in name such as ``"MXFP8E4M3"``, or a :class:`QuantizationConfig`)
+    and write the result to ``model_output`` (None: only return it, as ``summary.model``).
 
-    ``options`` override config fields: ``op_types_to_quantize``, ``nodes_to_exclude``,
-    ``quantize_all_op_types``, ``placement`` ("default" or "quark"), ``fold_weights``,
-    ``legacy_names``, ``bf16_qdq_to_cast``, ``bf16_weight_scaled``,
-    ``bf16_activation_scaled``, ``bf16_scale_target``, ``quantize_bias``.
-    ``calibration_data_reader`` follows onnxruntime's ``CalibrationDataReader``; it is read
-    only where a range is needed (BF16 activation rescaling).
+    ``options`` override config fields: ``activation`` / ``weight`` (a FormatSpec, a built-in
+    name, or None for float: ``quantize_model(m, out, "MXFP4E2M1", activation="MXINT8")``
+    gives 4-bit weights and 8-bit activations, ``activation=None`` weight-only),
+    ``tensor_formats`` ({tensor name: FormatSpec, name or None} for single tensors),
+    ``op_types_to_quantize``, ``nodes_to_exclude``, ``quantize_all_op_types``, ``placement``
+    ("default" or "quark"), ``fold_weights``, ``legacy_names``, ``bf16_qdq_to_cast``,
+    ``bf16_weight_scaled``, ``bf16_activation_scaled``, ``bf16_scale_target``,
+    ``quantize_bias``.  ``calibration_data_reader`` follows onnxruntime's
+    ``CalibrationDataReader``; it is read only where a range is needed (BF16 activation
+    rescaling).
 
     The output keeps the input's IR version, opsets, graph inputs, outputs and tensor names,
     imports the custom domains it uses at version 1, passes ``onnx.checker``, and is never
@@ -193,7 +184,8 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
                              f"{os.fspath(model_input)!r}; choose another output path")
     model, in_path = _load(model_input)
     input_bytes = os.path.getsize(in_path) if in_path else model.ByteSize()
-    uses_bf16 = any(s is not None and s.op == "BF16" for s in (cfg.activation, cfg.weight))
+    uses_bf16 = any(s is not None and s.op == "BF16"
+                    for s in (cfg.activation, cfg.weight, *cfg.tensor_formats.values()))
     if uses_bf16 and cfg.bf16_qdq_to_cast and _default_opset(model) < 13:
         raise ValueError(f"bf16_qdq_to_cast needs ONNX opset >= 13 (Cast to BFLOAT16); this "
                          f"model imports opset {_default_opset(model)}. Use the Extended Q/DQ "
@@ -257,7 +249,8 @@ class _Rewriter:
         self.new_inits: list[onnx.TensorProto] = []
         self.domains: set[str] = set()
         self.skipped: list[str] = []
-        self._bf16_consts: dict[float, tuple[str, str]] = {}
+        self.factory = NodeFactory(self.names.new, legacy_names=cfg.legacy_names,
+                                   bf16_cast=cfg.bf16_qdq_to_cast)
 
     # -- helpers -------------------------------------------------------------------------
     def _rewire(self, site: Site, new_name: str) -> None:
@@ -267,17 +260,6 @@ class _Rewriter:
     def _insert(self, site: Site, nodes: list[onnx.NodeProto]) -> None:
         first = min(i for i, _ in site.consumers)
         self.before.setdefault(first, []).extend(nodes)
-
-    def _bf16_params(self, scale: float) -> tuple[str, str]:
-        key = float(np.float32(scale))
-        if key not in self._bf16_consts:
-            s_name = self.names.new("bf16_scale" if key == 1.0 else "bf16_scale_rescaled")
-            z_name = self.names.new("bf16_zero_point")
-            self.new_inits.append(numpy_helper.from_array(np.array(key, dtype=np.float32), s_name))
-            zp = helper.make_tensor(z_name, TensorProto.BFLOAT16, [], [0])
-            self.new_inits.append(zp)
-            self._bf16_consts[key] = (s_name, z_name)
-        return self._bf16_consts[key]
 
     def _weight_scale(self, site: Site, values: Optional[np.ndarray]) -> float:
         if site.spec.op != "BF16" or not self.cfg.bf16_weight_scaled:
@@ -326,67 +308,17 @@ class _Rewriter:
 
     def _runtime(self, site: Site, scale: float, elem: Optional[int]) -> SiteRecord:
         t = site.tensor
-        nodes: list[onnx.NodeProto] = []
         if site.spec.op == "BF16":
             out = self.names.new(f"{t}_DequantizeLinear_Output")
-            if self.cfg.bf16_qdq_to_cast:
-                src = t
-                scale_name = None
-                if scale != 1.0:
-                    scale_name = self.names.new(f"{t}_bf16_scale")
-                    self.new_inits.append(numpy_helper.from_array(
-                        np.array(scale, dtype=np.float32 if elem in (None, TensorProto.FLOAT)
-                                 else onnx.helper.tensor_dtype_to_np_dtype(elem)), scale_name))
-                    src = self.names.new(f"{t}_scaled")
-                    nodes.append(helper.make_node("Div", [t, scale_name], [src],
-                                                  name=self.names.new(f"{t}_bf16_Div")))
-                mid = self.names.new(f"{t}_bf16")
-                back = self.names.new(f"{t}_bf16_float") if scale_name else out
-                nodes.append(helper.make_node("Cast", [src], [mid], to=TensorProto.BFLOAT16,
-                                              name=self.names.new(f"{t}_Cast_bf16")))
-                nodes.append(helper.make_node("Cast", [mid], [back],
-                                              to=elem or TensorProto.FLOAT,
-                                              name=self.names.new(f"{t}_Cast_float")))
-                if scale_name:
-                    nodes.append(helper.make_node("Mul", [back, scale_name], [out],
-                                                  name=self.names.new(f"{t}_bf16_Mul")))
-            else:
-                s_name, z_name = self._bf16_params(scale) if scale == 1.0 else \
-                    self._site_bf16_params(t, scale)
-                mid = self.names.new(f"{t}_QuantizeLinear_Output")
-                nodes.append(helper.make_node("ExtendedQuantizeLinear", [t, s_name, z_name],
-                                              [mid], domain=QUARK_DOMAIN,
-                                              name=self.names.new(f"{t}_QuantizeLinear")))
-                nodes.append(helper.make_node("ExtendedDequantizeLinear", [mid, s_name, z_name],
-                                              [out], domain=QUARK_DOMAIN,
-                                              name=self.names.new(f"{t}_DequantizeLinear")))
-                self.domains.add(QUARK_DOMAIN)
         else:
-            op_type, domain = _OP_NAMES[(site.spec.op, self.cfg.legacy_names)]
             out = self.names.new(f"{t}_{site.spec.name}")
-            src, dst = t, out
-            shape = self.view.shape.get(t)
-            flatten = site.flatten and shape is not None and len(shape) > 2
-            if flatten:
-                # Block over each output channel's kernel window: (C, k...) -> (C, prod k).
-                flat_shape = self.names.new(f"{t}_flat_shape")
-                orig_shape = self.names.new(f"{t}_shape")
-                self.new_inits.append(numpy_helper.from_array(
-                    np.array([shape[0], -1], dtype=np.int64), flat_shape))
-                self.new_inits.append(numpy_helper.from_array(
-                    np.array(shape, dtype=np.int64), orig_shape))
-                src = self.names.new(f"{t}_flat")
-                dst = self.names.new(f"{t}_flat_{site.spec.name}")
-                nodes.append(helper.make_node("Reshape", [t, flat_shape], [src],
-                                              name=self.names.new(f"{t}_Reshape_flat")))
-            nodes.append(helper.make_node(op_type, [src], [dst], domain=domain,
-                                          name=self.names.new(f"{t}_{op_type}"),
-                                          **_node_attrs(site.spec, site.axis or 0)))
-            if flatten:
-                nodes.append(helper.make_node("Reshape", [dst, orig_shape], [out],
-                                              name=self.names.new(f"{t}_Reshape_back")))
-            self.domains.add(domain)
-        self._insert(site, nodes)
+        shape = self.view.shape.get(t)
+        flat_shape = shape if site.flatten and shape is not None and len(shape) > 2 else None
+        emitted = self.factory.quantize(site.spec, t, out, site.axis, bf16_scale=scale,
+                                        elem_type=elem, flat_shape=flat_shape)
+        self.new_inits.extend(emitted.initializers)
+        self.domains |= emitted.domains
+        self._insert(site, emitted.nodes)
         self._rewire(site, out)
         ref = self.view.weights.get(t)
         numel, itemsize = 0, 4
@@ -395,13 +327,7 @@ class _Rewriter:
             itemsize = onnx.helper.tensor_dtype_to_np_dtype(ref.tensor.data_type).itemsize
         return SiteRecord.from_site(site, folded=False, numel=numel, itemsize=itemsize,
                                     bf16_scale=scale if site.spec.op == "BF16" else None,
-                                    output=out, runtime_nodes=[n.op_type for n in nodes])
-
-    def _site_bf16_params(self, t: str, scale: float) -> tuple[str, str]:
-        s_name = self.names.new(f"{t}_bf16_scale")
-        self.new_inits.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), s_name))
-        _, z_name = self._bf16_params(1.0)
-        return s_name, z_name
+                                    output=out, runtime_nodes=[n.op_type for n in emitted.nodes])
 
     # -- rebuild -------------------------------------------------------------------------
     def finish(self) -> None:

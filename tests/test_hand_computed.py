@@ -1,5 +1,5 @@
-"""Expected outputs computed by hand from SPEC section 2, independent of ort_mx_ops.reference,
-so that the reference itself is checked. Each case runs through the reference, the pybind
+"""Expected outputs computed by hand from the arithmetic in docs/formats.md, independent of
+ort_mx_ops.reference, so that the reference itself is checked. Each case runs through the reference, the pybind
 module and onnxruntime. The arithmetic behind each number is in the comment beside it."""
 from __future__ import annotations
 

@@ -73,3 +73,14 @@ def test_demo_generic_mode_writes_tables(tmp_path, capsys):
     cos = {r["config"]: r["metrics"]["cosine_to_float"] for r in table}
     assert cos["float32"] == 1.0 and 0.5 < cos["MXFP4E2M1"] < cos["MXINT8"] < 1.0
     assert "| MXINT8 |" in (out_dir / "demo.md").read_text()
+
+
+def test_demo_reads_npz_samples_one_at_a_time(tmp_path):
+    src = tmp_path / "f.onnx"
+    onnx.save(conv_model(), str(src))
+    x = np.random.default_rng(0).standard_normal((3, 8, 10, 10)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    task = demo.GenericTask(str(src), str(tmp_path / "x.npz"), samples=99, seed=0)
+    assert task.description.startswith("3 samples")
+    assert [f["x"].shape for f in task.feeds] == [(1, 8, 10, 10)] * 3
+    np.testing.assert_array_equal(np.concatenate([f["x"] for f in task.feeds]), x)
