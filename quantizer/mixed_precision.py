@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-import numpy as np
 import onnx
 
 from .config import FormatSpec, QuantizationConfig
 from .quantize import quantize_model, ModelInput
-from .sensitivity import (FLOAT, MixedSite, Progress, SensitivityReport, TrialModel,
+from .progress import ProgressBar
+from .sensitivity import (MixedSite, SensitivityReport, TrialModel,
                           bits_of, name_of, resolve_candidates, resolve_metric,
                           sensitivity_of)
 from .summary import QuantizationSummary
@@ -157,7 +157,7 @@ def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[F
             break
         chunk += 1
     chunk = max(chunk, 1)
-    bar = Progress("search", len(pending), progress)
+    bar = ProgressBar("search", len(pending), enabled=progress)
     pos = 0
     while pos < len(pending):
         batch, trial_state, j = [], list(current), pos
@@ -168,8 +168,7 @@ def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[F
                 batch.append((m, trial_state[m.site]))
                 trial_state[m.site] = m.spec
         if not batch:
-            for _ in range(j - pos):
-                bar.step()
+            bar.update(j - pos)
             pos = j
             continue
         value = trial.evaluate(trial_state)
@@ -177,17 +176,17 @@ def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[F
             for m, prev in batch:
                 history.append((m.site, prev))
             current = trial_state
-            for _ in range(j - pos):
-                bar.step(f"{metric.name} {value:.4f}")
+            bar.update(j - pos)
             pos = j
             chunk *= 2
         elif len(batch) == 1:
             failed.setdefault(batch[0][0].site, []).append(batch[0][0])
-            bar.step()
+            bar.update(j - pos)
             pos = j
             chunk = 1
         else:
             chunk = max(1, len(batch) // 2)
+    bar.close()
     return current, history
 
 

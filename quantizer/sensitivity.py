@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
@@ -30,15 +29,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ort_mx_ops.formats import QUARK_DOMAIN
 
 from .config import FormatSpec, QuantizationConfig
 from .graph import ModelView
+from .nodes import NodeFactory
 from .placement import plan_model
+from .progress import ProgressBar
 from .quantize import fold_weight, _load, ModelInput
 
 __all__ = ["MixedSite", "TrialModel", "Metric", "resolve_metric", "resolve_candidates",
-           "SensitivityReport", "analyze_sensitivity", "FLOAT"]
+           "SensitivityReport", "analyze_sensitivity", "sensitivity_of", "bits_of", "name_of",
+           "top1_agreement", "mean_cosine", "sqnr_db", "FLOAT"]
 
 FLOAT = "float"  # the candidate name that keeps a tensor in its own float type
 _FLOAT_BITS = 32.0
@@ -243,25 +244,6 @@ def read_batches(reader: Any, input_names: Sequence[str], stackable: bool,
 
 
 # -- the trial model ------------------------------------------------------------------------
-def _qdq_nodes(spec: FormatSpec, src: str, dst: str, axis: Optional[int], prefix: str,
-               bf16_params: tuple[str, str]) -> list[onnx.NodeProto]:
-    """The runtime quantize-dequantize node(s) of ``spec`` from ``src`` to ``dst``: the op,
-    attributes and axis the quantizer writes."""
-    if spec.op == "BF16":
-        scale, zp = bf16_params
-        mid = f"{prefix}_bf16"
-        return [helper.make_node("ExtendedQuantizeLinear", [src, scale, zp], [mid],
-                                 domain=QUARK_DOMAIN, name=f"{prefix}_q"),
-                helper.make_node("ExtendedDequantizeLinear", [mid, scale, zp], [dst],
-                                 domain=QUARK_DOMAIN, name=f"{prefix}_dq")]
-    attrs = spec.full_attrs()
-    if spec.op == "BFP" and not attrs.get("use_compiler_version_cpu_kernel"):
-        attrs.pop("use_compiler_version_cpu_kernel", None)
-    op = "BFPQuantizeDequantize" if spec.op == "BFP" else "MXQuantizeDequantize"
-    return [helper.make_node(op, [src], [dst], domain=QUARK_DOMAIN, name=f"{prefix}_op",
-                             axis=int(axis or 0), **attrs)]
-
-
 class TrialModel:
     """The float model made switchable (see module docs), its session, the calibration
     batches and the float outputs; :meth:`evaluate` scores one assignment."""
@@ -332,22 +314,22 @@ class TrialModel:
         m = onnx.ModelProto()
         m.CopyFrom(self.model)
         g = m.graph
-        by_name = {n.output[0]: n for n in g.node if n.op_type == "Constant" and n.output}
+        constants = {n.output[0]: i for i, n in enumerate(g.node)
+                     if n.op_type == "Constant" and n.output}
         input_names = {i.name for i in g.input}
-        bf16 = ("__amp_bf16_scale", "__amp_bf16_zero_point")
-        g.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), bf16[0]))
-        g.initializer.append(helper.make_tensor(bf16[1], TensorProto.BFLOAT16, [], [0]))
+        counter = iter(range(1 << 30))
+        factory = NodeFactory(lambda base: f"__amp{next(counter)}_{base}")
+        domains: set[str] = set()
         before: dict[int, list[onnx.NodeProto]] = {}
         consumers = self.view.consumers
         drop: set[int] = set()
         for site in self.sites:
             t = site.tensor
             if site.kind == "weight":
-                if t in by_name:  # a Constant node's value becomes an initializer we can feed
-                    node = by_name[t]
+                if t in constants:  # a Constant node's value becomes an initializer we can feed
                     g.initializer.append(numpy_helper.from_array(
                         self.view.weights[t].array(self.base_dir), t))
-                    drop.add(list(g.node).index(node))
+                    drop.add(constants[t])
                 if t not in input_names:
                     ref = self.view.weights[t].tensor
                     g.input.append(helper.make_tensor_value_info(t, ref.data_type,
@@ -360,34 +342,35 @@ class TrialModel:
                 sw = self._switch(site.index, spec)
                 g.input.append(helper.make_tensor_value_info(sw, TensorProto.BOOL, []))
                 y = f"__amp_{site.index}_{k}"
-                then_out, else_out = f"{y}_then", f"{y}_else"
-                then_g = helper.make_graph(
-                    _qdq_nodes(spec, t, then_out, site.axis, f"{y}_t", bf16), f"{y}_then_g",
-                    [], [helper.make_tensor_value_info(then_out, site.elem_type, None)])
+                # Then: the node the quantizer writes; else: the value so far, unchanged.
+                emitted = factory.quantize(spec, t, f"{y}_then", site.axis,
+                                           elem_type=site.elem_type)
+                g.initializer.extend(emitted.initializers)
+                domains |= emitted.domains
+                then_g = helper.make_graph(emitted.nodes, f"{y}_then_g", [], [
+                    helper.make_tensor_value_info(f"{y}_then", site.elem_type, None)])
                 else_g = helper.make_graph(
-                    [helper.make_node("Identity", [prev], [else_out], name=f"{y}_id")],
+                    [helper.make_node("Identity", [prev], [f"{y}_else"], name=f"{y}_id")],
                     f"{y}_else_g", [],
-                    [helper.make_tensor_value_info(else_out, site.elem_type, None)])
+                    [helper.make_tensor_value_info(f"{y}_else", site.elem_type, None)])
                 first = min(i for i, _ in consumers[t])
                 before.setdefault(first, []).append(helper.make_node(
                     "If", [sw], [y], name=f"{y}_if", then_branch=then_g, else_branch=else_g))
                 prev = y
+            # The site's consumers only: other readers of the tensor keep the float value.
             for i, k in consumers[t]:
-                if g.node[i].input[k] == t and i not in drop:
+                if g.node[i].input[k] == t:
                     g.node[i].input[k] = prev
-        # The sites' consumers only: other readers of the tensor keep the float value.
-        nodes = [n for i, n in enumerate(g.node) if i not in drop]
         rebuilt: list[onnx.NodeProto] = []
-        kept = [i for i in range(len(g.node)) if i not in drop]
-        for i, n in zip(kept, nodes):
-            rebuilt.extend(before.get(i, []))
-            rebuilt.append(n)
+        for i, n in enumerate(g.node):
+            if i not in drop:
+                rebuilt.extend(before.get(i, []))
+                rebuilt.append(n)
         del g.node[:]
         g.node.extend(rebuilt)
-        if not any(o.domain == QUARK_DOMAIN for o in m.opset_import):
-            m.opset_import.append(helper.make_opsetid(QUARK_DOMAIN, 1))
-        if m.ir_version < 4:
-            m.ir_version = 4
+        for domain in sorted(domains - {o.domain for o in m.opset_import}):
+            m.opset_import.append(helper.make_opsetid(domain, 1))
+        m.ir_version = max(m.ir_version, 4)
         return m
 
     def folded(self, site: MixedSite, spec: FormatSpec) -> np.ndarray:
@@ -432,25 +415,6 @@ class TrialModel:
 
 
 # -- the report -----------------------------------------------------------------------------
-class Progress:
-    """Progress lines on stderr: ``label i/n`` with the time left, about every 2 seconds."""
-
-    def __init__(self, label: str, total: int, enabled: bool = True) -> None:
-        self.label, self.total, self.enabled = label, total, enabled
-        self.start = self.last = time.perf_counter()
-        self.done = 0
-
-    def step(self, note: str = "") -> None:
-        self.done += 1
-        now = time.perf_counter()
-        if not self.enabled or (now - self.last < 2.0 and self.done < self.total):
-            return
-        self.last = now
-        left = (now - self.start) / self.done * max(self.total - self.done, 0)
-        print(f"{self.label} {self.done}/{self.total} ({now - self.start:.0f} s, about "
-              f"{left:.0f} s left){' ' + note if note else ''}", file=sys.stderr, flush=True)
-
-
 @dataclass
 class SensitivityReport:
     """Fidelity of the model with one tensor quantized at a time.  ``fidelity[i][fmt]`` is
@@ -545,14 +509,15 @@ def sensitivity_of(trial: TrialModel, progress: bool = True, batches: Optional[i
     cands = [c for c in trial.candidates if c is not None]
     todo = [(s, c) for s in trial.sites for c in cands if s.allows(c) and not (
         skip_top and c == max((d for d in trial.candidates if s.allows(d)), key=bits_of))]
-    bar = Progress("sensitivity", len(todo), progress)
+    bar = ProgressBar("sensitivity", len(todo), enabled=progress)
     fidelity: list[dict[str, float]] = [{} for _ in trial.sites]
     base: list[Optional[FormatSpec]] = [None] * len(trial.sites)
     for site, spec in todo:
         assignment = list(base)
         assignment[site.index] = spec
         fidelity[site.index][spec.name] = trial.evaluate(assignment, batches)
-        bar.step()
+        bar.update()
+    bar.close()
     names = [name_of(c) for c in trial.candidates]
     report = SensitivityReport(
         metric=trial.metric.name, candidates=names,

@@ -248,3 +248,49 @@ def test_unreachable_target_writes_the_most_precise_candidates():
                              0.999999, "cosine")
     assert not s.met and set(s.assignment.values()) == {"MXFP6E2M3"}
     assert s.weight_bits == 6.25
+
+
+# -- named configs and the command line ----------------------------------------------------
+def test_mx9_int8_and_searched_presets_by_name():
+    from ort_mx_ops.quantizer import get_config
+    cfg = get_config("mx9_int8")
+    assert (cfg.activation.name, cfg.weight.name, cfg.name) == ("MX9", "MXINT8", "MX9_INT8")
+    s = quantize_model(conv_model(), None, "MX9_INT8")
+    formats = {r.tensor: r.format for r in s.sites}
+    assert formats == {"x": "MX9", "r1": "MX9", "r2": "MX9", "w1": "MXINT8", "w2": "MXINT8",
+                       "w3": "MXINT8"}
+    s = quantize_model(conv_model(), None, "BF16_MIXED_MXINT8", Reader(CONV_IN), target=1.0,
+                       metric="top1")
+    assert s.met and set(s.assignment.values()) <= {"MXINT8", "BF16"}
+
+
+def test_cli_analyze_and_auto_mixed_precision(tmp_path, capsys):
+    from ort_mx_ops.quantizer.cli import main
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_model(), str(model))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((6, 8, 10, 10)).astype(np.float32))
+    calib = str(tmp_path / "calib.npz")
+    assert main([str(model), "--analyze", "--calib", calib, "--candidates", "MXFP4E2M1",
+                 "MXINT8", "--metric", "cosine", "--analysis-json", str(tmp_path / "a.json"),
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "MXFP4E2M1 (4.25 b)" in out and "conv1" in out
+    data = json.loads((tmp_path / "a.json").read_text())
+    assert len(data["sites"]) == 6 and data["metric"] == "cosine"
+    assert main([str(model), str(tmp_path / "m.onnx"), "--auto-mixed-precision", "--calib",
+                 calib, "--candidates", "MXFP6E2M3", "MXINT8", "--target", "0.999",
+                 "--metric", "cosine", "--summary-json", str(tmp_path / "s.json"),
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["met"] and summary["achieved"] >= 0.999
+    assert 6.25 <= summary["weight_bits"] <= 8.25
+    # The written model runs with the library and meets the target on the same data.
+    feeds = [{"x": a[None]} for a in np.load(calib)["x"]]
+    got = cosine_by_hand(run_model(conv_model(), feeds),
+                         run_model(onnx.load(str(tmp_path / "m.onnx")), feeds))
+    assert got >= 0.999
+    assert main([str(model), "--analyze", "--quiet"]) == 2
+    assert "calibration_data_reader" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(model), "--calib", calib])  # neither --config nor a search
