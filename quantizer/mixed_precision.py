@@ -126,14 +126,14 @@ def _moves(trial: TrialModel, report: SensitivityReport, start: list[Optional[Fo
 
 
 def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[FormatSpec]],
-            target: Optional[float], progress: bool) -> tuple[list, list[tuple[int, Any]]]:
+            target: Optional[float], progress: bool) -> tuple[list, list[tuple[int, Any, Any]]]:
     """Greedy descent from ``start`` (see module docs).  Returns the assignment and the
-    accepted moves in order (site, previous format), for backtracking."""
+    accepted moves in order (site, previous format, new format), for backtracking."""
     totals = {k: sum(s.numel for s in trial.sites if s.kind == k)
               for k in ("weight", "activation")}
     metric = trial.metric
     current = list(start)
-    history: list[tuple[int, Any]] = []
+    history: list[tuple[int, Any, Any]] = []
     pending = _moves(trial, report, start, totals)
     failed: dict[int, list[_Move]] = {}
 
@@ -174,7 +174,7 @@ def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[F
         value = trial.evaluate(trial_state)
         if meets(value):
             for m, prev in batch:
-                history.append((m.site, prev))
+                history.append((m.site, prev, m.spec))
             current = trial_state
             bar.update(j - pos)
             pos = j
@@ -191,7 +191,7 @@ def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[F
 
 
 def _verify(model_input: ModelInput, trial: TrialModel, assignment: list,
-            summary_opts: dict[str, Any], progress: bool) -> tuple[QuantizationSummary, float]:
+            summary_opts: dict[str, Any]) -> tuple[QuantizationSummary, float]:
     """Write the model with ``assignment`` through :func:`quantize_model` and score it with
     the library on the calibration data."""
     import onnxruntime as ort
@@ -206,6 +206,36 @@ def _verify(model_input: ModelInput, trial: TrialModel, assignment: list,
                                 providers=["CPUExecutionProvider"])
     outs = [sess.run(trial.wanted, feed) for feed in trial.batches]
     return summary, float(trial.metric.fn(trial.float_outputs, outs))
+
+
+def _replay(start: list, history: list[tuple[int, Any, Any]], k: int) -> list:
+    state = list(start)
+    for site, _, spec in history[:k]:
+        state[site] = spec
+    return state
+
+
+def _backtrack(model_input: ModelInput, trial: TrialModel, start: list,
+               history: list[tuple[int, Any, Any]], target: float, options: dict[str, Any],
+               progress: bool) -> tuple[QuantizationSummary, float, list]:
+    """Bisect for the longest prefix of ``history`` whose written model meets ``target``
+    (the empty prefix, the most precise candidates, is taken as meeting it)."""
+    lo, hi = 0, len(history) - 1  # prefix lo meets (assumed for 0), prefix hi + 1 fails
+    best = None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        summary, achieved = _verify(model_input, trial, _replay(start, history, mid), options)
+        if progress:
+            print(f"verification: first {mid} of {len(history)} moves give "
+                  f"{achieved:.4f} (target {target})", file=sys.stderr)
+        if achieved >= target:
+            lo, best = mid, (summary, achieved)
+        else:
+            hi = mid - 1
+    assignment = _replay(start, history, lo)
+    if best is None:
+        best = _verify(model_input, trial, assignment, options)
+    return best[0], best[1], assignment
 
 
 def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[str, os.PathLike]],
@@ -263,7 +293,7 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     if target is None:
         assignment = [min((c for c in cands if s.allows(c)), key=bits_of)
                       for s in trial.sites]
-        history: list[tuple[int, Any]] = []
+        history: list[tuple[int, Any, Any]] = []
     elif trial.evaluate(start) < target:
         if progress:
             print(f"auto mixed precision: the most precise candidates reach "
@@ -272,15 +302,13 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
         assignment, history = start, []
     else:
         assignment, history = _search(trial, report, start, target, progress)
-    summary, achieved = _verify(model_input, trial, assignment, options, progress)
-    # Undo the latest moves while the written model misses what the trial model met.
-    while target is not None and achieved < target and history:
-        site, prev = history.pop()
-        assignment[site] = prev
-        if progress:
-            print(f"verification {achieved:.4f} < {target}: {trial.sites[site].tensor} back "
-                  f"to {name_of(prev)}", file=sys.stderr)
-        summary, achieved = _verify(model_input, trial, assignment, options, progress)
+    summary, achieved = _verify(model_input, trial, assignment, options)
+    if target is not None and achieved < target and history:
+        # The written model misses what the trial model met (onnxruntime fuses and orders
+        # float ops differently when weights are constants, and the coarsest formats amplify
+        # that): keep the longest prefix of the accepted moves that the written model meets.
+        summary, achieved, assignment = _backtrack(model_input, trial, start, history,
+                                                   target, options, progress)
     return _finish(summary, model_input, model_output, trial, assignment, report,
                    achieved, target, start_time)
 

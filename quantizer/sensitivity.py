@@ -44,6 +44,7 @@ __all__ = ["MixedSite", "TrialModel", "Metric", "resolve_metric", "resolve_candi
 FLOAT = "float"  # the candidate name that keeps a tensor in its own float type
 _FLOAT_BITS = 32.0
 _SQNR_CAP_DB = 300.0  # what "identical outputs" scores in dB (finite, so JSON can hold it)
+_TIE_BREAK = 1e-3  # weight of the output noise power in a tensor's ranking loss
 
 Outputs = list  # per calibration batch: the list of model outputs (numpy arrays)
 
@@ -295,6 +296,7 @@ class TrialModel:
                                             providers=["CPUExecutionProvider"])
         self._folded: dict[tuple[int, str], np.ndarray] = {}
         self._cache: dict[tuple, float] = {}
+        self.noise: dict[tuple, float] = {}
         self.evaluations = 0
         self.seconds = 0.0
 
@@ -407,11 +409,21 @@ class TrialModel:
         key = (batches,) + tuple(name_of(s) for s in assignment)
         if key not in self._cache:
             t = time.perf_counter()
-            self._cache[key] = float(self.metric.fn(self.float_outputs[:batches],
-                                                    self.outputs(assignment, batches)))
+            ref = self.float_outputs[:batches]
+            outs = self.outputs(assignment, batches)
+            self._cache[key] = float(self.metric.fn(ref, outs))
+            # Relative noise power of the first output: breaks the ties of a coarse metric
+            # (top-1 on few samples) when ranking tensors.
+            self.noise[key] = min(10.0 ** (-sqnr_db(ref, outs) / 10.0), 1.0)
             self.evaluations += 1
             self.seconds += time.perf_counter() - t
         return self._cache[key]
+
+    def noise_of(self, assignment: Sequence[Optional[FormatSpec]],
+                 batches: Optional[int] = None) -> float:
+        """Noise power over signal power of the first output (0 to 1) for ``assignment``."""
+        self.evaluate(assignment, batches)
+        return self.noise[(batches,) + tuple(name_of(s) for s in assignment)]
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -427,6 +439,7 @@ class SensitivityReport:
     batches: int
     samples: int
     seconds: float = 0.0
+    # Per site and format: the metric's loss plus 1e-3 x the output's relative noise power.
     losses: list[dict[str, float]] = field(default_factory=list)
 
     def ranking(self) -> list[int]:
@@ -511,11 +524,15 @@ def sensitivity_of(trial: TrialModel, progress: bool = True, batches: Optional[i
         skip_top and c == max((d for d in trial.candidates if s.allows(d)), key=bits_of))]
     bar = ProgressBar("sensitivity", len(todo), enabled=progress)
     fidelity: list[dict[str, float]] = [{} for _ in trial.sites]
+    losses: list[dict[str, float]] = [{} for _ in trial.sites]
     base: list[Optional[FormatSpec]] = [None] * len(trial.sites)
     for site, spec in todo:
         assignment = list(base)
         assignment[site.index] = spec
-        fidelity[site.index][spec.name] = trial.evaluate(assignment, batches)
+        value = fidelity[site.index][spec.name] = trial.evaluate(assignment, batches)
+        # The metric's loss, ties broken by the output's noise power.
+        losses[site.index][spec.name] = max(trial.metric.loss(value), 0.0) + \
+            _TIE_BREAK * trial.noise_of(assignment, batches)
         bar.update()
     bar.close()
     names = [name_of(c) for c in trial.candidates]
@@ -525,8 +542,7 @@ def sensitivity_of(trial: TrialModel, progress: bool = True, batches: Optional[i
         fidelity=fidelity, batches=len(trial.batches[:batches]),
         samples=sum(len(next(iter(b.values()))) for b in trial.batches[:batches]),
         seconds=time.perf_counter() - start)
-    report.losses = [{k: max(trial.metric.loss(v), 0.0) for k, v in row.items()}
-                     for row in fidelity]
+    report.losses = losses
     return report
 
 
