@@ -29,7 +29,6 @@ import numpy as np
 from ort_mx_ops.quantizer.demo import OcrTask, _characters, find_rapidocr_recognizer
 from ort_mx_ops.quantizer.mixed_precision import auto_mixed_precision, DEFAULT_CANDIDATES
 from ort_mx_ops.quantizer.ocr_data import load_fonts, preprocess, render_lines
-from ort_mx_ops.quantizer.sensitivity import analyze_sensitivity
 
 
 class ListReader:
@@ -155,18 +154,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    "latency_x_float": 1.0}]
     if args.model == "ocr":
         rows[0].update(task.metrics(ref, ref))
-    report = analyze_sensitivity(model, ListReader(calib), args.candidates, args.metric,
-                                 progress=True, max_batch=8, batches=args.sensitivity_batches)
-    print(report.table(limit=15))
-    report.save_json(os.path.join(args.out, f"{args.model}_sensitivity.json"))
-    if args.heatmap:
-        report.save_heatmap(os.path.join(args.out, f"{args.model}_sensitivity.png"))
+    report = None  # computed by the first search, reused by the next targets
     with tempfile.TemporaryDirectory() as tmp:
         for target in args.targets:
             out = os.path.join(tmp, f"{args.model}_{target}.onnx")
             s = auto_mixed_precision(model, out, ListReader(calib), args.candidates, target,
                                      args.metric, progress=True, max_batch=8,
+                                     sensitivity_batches=args.sensitivity_batches,
                                      sensitivity=report)
+            if report is None:
+                report = s.sensitivity
+                print(report.table(limit=15))
+                report.save_json(os.path.join(args.out, f"{args.model}_sensitivity.json"))
+                if args.heatmap:
+                    report.save_heatmap(os.path.join(args.out,
+                                                     f"{args.model}_sensitivity.png"))
             print(s.__str__().splitlines()[0], file=sys.stderr)
             outs, ms = run_feeds(out, feeds, True, repeats=2)
             rows.append({"target": target, "calib_" + args.metric: s.achieved,
