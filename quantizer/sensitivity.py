@@ -498,6 +498,8 @@ class SensitivityReport:
                                  figsize=(4 + 3.2 * len(kinds), 1.5 + 0.22 * min(n, 150)))
         values = [v for row in self.fidelity for v in row.values()]
         lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+        if hi - lo < 1e-6:  # one value everywhere: still a readable scale around it
+            lo, hi = lo - 0.01 * max(abs(lo), 1.0), hi + 0.01 * max(abs(hi), 1.0)
         im = None
         for ax, kind in zip(axes[0], kinds):
             idx = [i for i in order if self.sites[i].kind == kind]
