@@ -267,8 +267,10 @@ class TrialModel:
         inits = {i.name for i in model.graph.initializer}
         graph_inputs = [i for i in model.graph.input if i.name not in inits]
         self.input_names = [i.name for i in graph_inputs]
+        # Axis 0 is a batch axis where it has no fixed length (a name, or -1 / 0 as some
+        # exporters write).
         stackable = all(i.type.tensor_type.shape.dim and
-                        not i.type.tensor_type.shape.dim[0].HasField("dim_value")
+                        i.type.tensor_type.shape.dim[0].dim_value <= 0
                         for i in graph_inputs)
         self.batches = read_batches(calibration_data_reader, self.input_names, stackable,
                                     max_batch)
