@@ -106,6 +106,12 @@ def test_calibration_batches_are_stacked_when_the_batch_axis_is_dynamic():
     assert [b["x"].shape[0] for b in trial.batches] == [2, 2, 1]
     np.testing.assert_array_equal(np.concatenate([b["x"] for b in trial.batches]),
                                   np.concatenate([b["x"] for b in reader.all]))
+    # A batch axis written as -1 (as some exporters do) is dynamic too.
+    m = conv_model()
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    again = TrialModel(m, Reader(CONV_IN, n=5), resolve_candidates(["MXINT8"]),
+                       resolve_metric("top1"), max_batch=4)
+    assert [b["x"].shape[0] for b in again.batches] == [4, 1]
     # Activation sizes at the first batch's shape (2 samples): conv1 reads x (2*8*10*10).
     sizes = {s.tensor: s.numel for s in trial.sites}
     assert sizes["x"] == 2 * 8 * 100 and sizes["w1"] == 16 * 8 * 9 and sizes["w2"] == 16 * 9
