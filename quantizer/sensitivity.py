@@ -492,7 +492,8 @@ class SensitivityReport:
         except ImportError as exc:
             raise RuntimeError("the sensitivity heat map needs matplotlib: pip install "
                                "'ort_mx_ops[bench]' (or leave out --heatmap)") from exc
-        cols = [c for c in sorted(self.candidates, key=lambda c: self.bits[c]) if c != FLOAT]
+        cols = [c for c in sorted(self.candidates, key=lambda c: self.bits[c])
+                if any(c in row for row in self.fidelity)]  # measured formats only
         kinds = [k for k in ("weight", "activation") if any(s.kind == k for s in self.sites)]
         order = self.ranking()
         n = max(sum(1 for i in order if self.sites[i].kind == k) for k in kinds)
