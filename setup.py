@@ -1,14 +1,20 @@
 """Build of ort-mx-ops: the CPU custom-op library, the pybind11 module, and the CUDA / ROCm
 libraries where their compilers are found. ninja drives the native build.
 
-ONNX Runtime's C/C++ headers come from a package at build time (SPEC section 4), in order:
+ONNX Runtime's C/C++ headers come from a package at build time (never copied into the
+repository), in order:
   1. $ORT_INCLUDE_DIR, a folder holding onnxruntime_c_api.h;
   2. a system install (/usr/include/onnxruntime, e.g. Debian's libonnxruntime-dev);
   3. Debian's libonnxruntime-dev, downloaded with apt-get into the build folder (not
      installed), from the archive this machine's own apt configuration names, for the suite
      $MXOPS_DEBIAN_SUITE (default "trixie").
 Environment switches: MXOPS_NO_CUDA=1 / MXOPS_NO_ROCM=1 skip a GPU backend;
-MXOPS_CUDA_ARCHS (default "80;90;100") and MXOPS_ROCM_ARCHS (default "gfx90a;gfx908;gfx1030").
+MXOPS_CUDA_ARCHS (default "80;90;100") and MXOPS_ROCM_ARCHS (default "gfx90a;gfx908;gfx1030");
+MXOPS_BUILD_JOBS (default: all cores).
+
+Next to each GPU library a test library is linked from the same objects plus the C entry
+points of csrc/cuda/test_entry.cu, into build/gpu-tests/ of the source tree (never into the
+package): tests/test_gpu_kernels.py drives the kernels through it without onnxruntime-gpu.
 """
 from __future__ import annotations
 
@@ -27,11 +33,23 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 CXXFLAGS = "-std=c++17 -O3 -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wextra"
-MIN_ORT_API_VERSION = 17  # KernelContext_ParallelFor, CreateKernelV2
+MIN_ORT_API_VERSION = 21  # the API the library is written against (onnxruntime >= 1.21)
+GPU_TEST_DIR = ROOT / "build" / "gpu-tests"
 
 
 def log(message: str) -> None:
     print(f"[ort-mx-ops build] {message}", flush=True)
+
+
+def announce(message: str) -> None:
+    """Prints `message` where the user sees it: pip hides a build's output unless -v, so the
+    line also goes to the terminal directly when there is one."""
+    log(message)
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(f"[ort-mx-ops build] {message}\n")
+    except OSError:
+        pass  # no terminal (CI): the line is in the build log
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +139,10 @@ def find_ort_headers(build_dir: Path) -> Path:
 # --------------------------------------------------------------------------------------------
 
 COMMON_SOURCES = ["csrc/common/params.cc", "csrc/cpu/qdq_cpu.cc"]
-REGISTRATION = "csrc/common/ort_ops.cc"
+ORT_FRONT_END = "csrc/ort/register.cc"
+CPU_PROVIDERS = "csrc/ort/providers_cpu.cc"
+GPU_PROVIDERS = "csrc/ort/providers_gpu.cc"
+GPU_TEST_ENTRY = "csrc/cuda/test_entry.cu"
 SIMD_SOURCE = "csrc/cpu/qdq_simd.cc"
 SIMD_VARIANTS = ([(8, "-mavx2 -mf16c"), (16, "-mavx512f -mavx512bw -mavx512vl -mavx512dq")]
                  if platform.machine().lower() in ("x86_64", "amd64") else [])
@@ -182,18 +203,21 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
     # (csrc/cpu/qdq_simd.h); never -march=native.
     cpu_objs += [compile_cxx(SIMD_SOURCE, f"cpu_simd{width}", f"{flags} -DMXOPS_SIMD_WIDTH={width}")
                  for width, flags in SIMD_VARIANTS]
-    reg_cpu = compile_cxx(REGISTRATION, "cpu", "$ortinc")
-    build.append(f"build {outputs['cpu']}: link {' '.join(cpu_objs + [reg_cpu])}\n"
+    front_end = compile_cxx(ORT_FRONT_END, "cpu", "$ortinc")
+    reg_cpu = [front_end, compile_cxx(CPU_PROVIDERS, "cpu", "$ortinc")]
+    build.append(f"build {outputs['cpu']}: link {' '.join(cpu_objs + reg_cpu)}\n"
                  "  ldflags = -Wl,--exclude-libs,ALL -static-libstdc++ -static-libgcc")
     native = compile_cxx("csrc/python/native_module.cc", "cpu", "$pyinc")
     build.append(f"build {outputs['native']}: link {' '.join(cpu_objs + [native])}\n"
                  "  ldflags = -pthread")
 
-    gpu_sources = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("csrc/cuda/*.cu"))
+    gpu_sources = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("csrc/cuda/*.cu")
+                         if p.relative_to(ROOT).as_posix() != GPU_TEST_ENTRY)
 
     def gpu_backend(variant: str, compile_command: str, link_command: str) -> None:
         """The same GPU sources through one toolchain, linked with the CPU kernels and the
-        registration built for that backend (MXOPS_WITH_GPU)."""
+        ORT front end registering both providers; and the test library (the kernels and the
+        C entry points of test_entry.cu, no ORT front end)."""
         lines.extend([f"rule {variant}_cc",
                       f"  command = {compile_command} -MD -MF $out.d -c $in -o $out",
                       "  depfile = $out.d", "  deps = gcc",
@@ -202,8 +226,13 @@ def write_build_ninja(build_dir: Path, outputs: dict[str, Path], ort_include: Pa
         for src in gpu_sources:
             objs.append(_obj(src, variant))
             build.append(f"build {objs[-1]}: {variant}_cc $root/{src}")
-        objs.append(compile_cxx(REGISTRATION, variant, "$ortinc -DMXOPS_WITH_GPU"))
-        build.append(f"build {outputs[variant]}: {variant}_link {' '.join(cpu_objs + objs)}")
+        providers = compile_cxx(GPU_PROVIDERS, variant, "$ortinc")
+        build.append(f"build {outputs[variant]}: {variant}_link "
+                     f"{' '.join(cpu_objs + [front_end] + objs + [providers])}")
+        test_obj = _obj(GPU_TEST_ENTRY, variant)
+        build.append(f"build {test_obj}: {variant}_cc $root/{GPU_TEST_ENTRY}")
+        build.append(f"build {outputs[variant + '_tests']}: {variant}_link "
+                     f"{' '.join([cpu_objs[0]] + objs + [test_obj])}")
 
     if nvcc and "cuda" in outputs:
         archs = os.environ.get("MXOPS_CUDA_ARCHS", "80;90;100").split(";")
@@ -240,16 +269,23 @@ class NinjaBuildExt(build_ext):
         nvcc = None if os.environ.get("MXOPS_NO_CUDA") else shutil.which("nvcc")
         hipcc = None if os.environ.get("MXOPS_NO_ROCM") else _find_hipcc()
         have_cuda_sources = any(ROOT.glob("csrc/cuda/*.cu"))
+        plan = ["CPU"]
         if nvcc and have_cuda_sources:
             outputs["cuda"] = "libort_mx_ops_cuda.so"
-            log(f"CUDA backend: building with {nvcc}")
+            outputs["cuda_tests"] = "libort_mx_ops_cuda_tests.so"
+            plan.append(f"CUDA (nvcc {nvcc}; several minutes; skip with MXOPS_NO_CUDA=1)")
         else:
-            log("CUDA backend skipped: " + ("nvcc not found" if not nvcc else "no CUDA sources"))
+            why = "MXOPS_NO_CUDA set" if os.environ.get("MXOPS_NO_CUDA") else "nvcc not found"
+            log(f"CUDA backend skipped: {why}")
         if hipcc and have_cuda_sources:
             outputs["rocm"] = "libort_mx_ops_rocm.so"
-            log(f"ROCm backend: building with {hipcc} (HIP_PLATFORM=amd)")
+            outputs["rocm_tests"] = "libort_mx_ops_rocm_tests.so"
+            plan.append(f"ROCm (hipcc {hipcc}, HIP_PLATFORM=amd; several minutes; "
+                        "skip with MXOPS_NO_ROCM=1)")
         else:
-            log("ROCm backend skipped: " + ("hipcc not found" if not hipcc else "no HIP sources"))
+            why = "MXOPS_NO_ROCM set" if os.environ.get("MXOPS_NO_ROCM") else "hipcc not found"
+            log(f"ROCm backend skipped: {why}")
+        announce("building the custom-op libraries: " + "; ".join(plan))
 
         ort_include = find_ort_headers(build_dir)
         write_build_ninja(build_dir, outputs, ort_include, nvcc, hipcc)
@@ -261,8 +297,14 @@ class NinjaBuildExt(build_ext):
         built = ["cpu", "native"]
         for backend in ("cuda", "rocm"):
             if backend in outputs:
-                if subprocess.run(ninja + [outputs[backend]]).returncode == 0:
+                announce(f"building the {backend.upper()} library (skip with "
+                         f"MXOPS_NO_{backend.upper()}=1)")
+                tests = outputs[backend + "_tests"]
+                if subprocess.run(ninja + [outputs[backend], tests]).returncode == 0:
                     built.append(backend)
+                    GPU_TEST_DIR.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(build_dir / tests, GPU_TEST_DIR / tests)
+                    log(f"test library (not installed): {GPU_TEST_DIR / tests}")
                 else:
                     log(f"WARNING: the {backend.upper()} backend failed to build (see above); "
                         "installing without it")

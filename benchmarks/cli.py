@@ -42,9 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="execution providers, comma separated (CPU, CUDA, ROCM or full names); "
                         "default: every one the installed onnxruntime has")
     p.add_argument("--configs", default="all", help=f"comma separated of {', '.join(CONFIGS)}")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
+    p.add_argument("--dtypes", default="float32,float16,bfloat16",
+                   help=f"input types, comma separated, of {', '.join(harness.ITEMSIZE)} "
+                        "(default: %(default)s; --tiny: float32)")
     p.add_argument("--layouts", default="innermost,outer",
-                   help="blocked axis innermost (axis 1 of [rows, cols]) and/or outer (axis 0)")
+                   help="comma separated, of innermost (blocked axis 1 of a [rows, cols] "
+                        "tensor) and outer (blocked axis 0) (default: %(default)s)")
     p.add_argument("--sizes", default=None,
                    help="elements, powers of two, comma separated (e.g. 4Ki,1Mi,16Mi); "
                         "default 4Ki..64Mi by factors of 4")
@@ -127,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             paths += report.write_plots(doc, out)
         except ImportError:
-            print("ort-mx-bench: matplotlib not installed (pip install 'ort_mx_ops[bench]'); "
-                  "no plots", file=sys.stderr)
+            print("ort-mx-bench: matplotlib not installed (pip install matplotlib, or "
+                  "pip install \".[bench]\" in the source tree); no plots", file=sys.stderr)
     for p in paths:
         log(f"wrote {p}")
     return 0

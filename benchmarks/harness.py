@@ -117,6 +117,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cpu_simd_flags": _cpu_flags(),
         "mxops_cpu_isa_env": os.environ.get("MXOPS_CPU_ISA"),
+        "cpu_isa": __import__("ort_mx_ops.native").native.cpu_isa(),  # the CPU path that runs
         "gpus": _gpu_names(),
         "python": sys.version.split()[0],
         "versions": {"onnxruntime": ort.__version__, "onnx": onnx.__version__,

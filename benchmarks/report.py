@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json", "markdown", "write_markdown", "write_plots", "fmt_size"]
+__all__ = ["write_json", "markdown", "write_markdown", "write_plots", "fmt_size", "runs_phrase"]
 
 
 def fmt_size(n: int) -> str:
@@ -14,6 +14,19 @@ def fmt_size(n: int) -> str:
         if n >= 1 << shift and n % (1 << shift) == 0:
             return f"{n >> shift} {unit}"
     return str(n)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def runs_phrase(min_runs: int, max_runs: int, warmup: int) -> str:
+    """How each time was taken, e.g. "median of 5–30 interleaved runs after 2 warm-up runs"
+    or "median of 2 interleaved runs after 1 warm-up run"."""
+    runs = _count(max_runs, "interleaved run") if min_runs >= max_runs else \
+        f"{min_runs}–{max_runs} interleaved runs"
+    after = f"after {_count(warmup, 'warm-up run')}" if warmup else "without warm-up"
+    return f"{'one run' if max_runs == 1 else 'median of ' + runs} {after}"
 
 
 def write_json(doc: dict, path: Path) -> Path:
@@ -48,9 +61,9 @@ def markdown(doc: dict) -> str:
     out.append(f"- onnxruntime {v['onnxruntime']}, onnx {v['onnx']}, numpy {v['numpy']}, "
                f"ort_mx_ops {v['ort_mx_ops']}, Python {m['python']}; {m['time']}")
     o = doc["options"]
-    out.append(f"- intra-op threads: {o['threads'] or 'onnxruntime default'}; median of "
-               f"{o['min_repeats']}–{o['max_repeats']} interleaved runs after {o['warmup']} "
-               "warm-up runs; GB/s counts bytes read + written; ×Neg / ×copy = the reference's "
+    out.append(f"- intra-op threads: {o['threads'] or 'onnxruntime default'}; "
+               f"{runs_phrase(o['min_repeats'], o['max_repeats'], o['warmup'])}; GB/s counts "
+               "bytes read + written; ×Neg / ×copy = the reference's "
                "median time / this one's, measured in the same rounds; (best): the same from "
                "each one's fastest run")
     out.append("")

@@ -9,7 +9,8 @@ Load the ops into a session::
 ``ort_mx_ops.formats`` is the catalogue of ops, attributes and number formats;
 ``ort_mx_ops.reference`` has numpy implementations of every op (docs/formats.md);
 ``ort_mx_ops.native`` runs the CPU kernels on numpy arrays; ``ort_mx_ops.quantizer`` inserts
-the ops into ONNX graphs (docs/quantizer.md).
+the ops into ONNX graphs (docs/quantizer.md).  ``make_node`` builds the node(s) of one
+format and ``opset_imports`` adds the domains a model needs (``ort_mx_ops.quantizer.surgery``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["get_library_path", "register", "available_devices", "__version__"]
+__all__ = ["get_library_path", "register", "available_devices", "make_node", "opset_imports",
+           "__version__"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _LIBRARIES = {"CPU": "libort_mx_ops_cpu.so", "CUDA": "libort_mx_ops_cuda.so",
@@ -52,3 +54,11 @@ def register(sess_options: Any, device: str = "CPU") -> Any:
     """Registers the ops with an ``onnxruntime.SessionOptions`` and returns it."""
     sess_options.register_custom_ops_library(get_library_path(device))
     return sess_options
+
+
+def __getattr__(name: str) -> Any:
+    # make_node and opset_imports need onnx: imported on first use, not with the package.
+    if name in ("make_node", "opset_imports"):
+        from .quantizer import surgery
+        return getattr(surgery, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

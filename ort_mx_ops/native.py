@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["bfp_quantize_dequantize", "mx_quantize_dequantize"]
+__all__ = ["bfp_quantize_dequantize", "mx_quantize_dequantize", "cpu_isa"]
 
 _DEFAULT_THREADS = os.cpu_count() or 1
 
@@ -28,3 +28,13 @@ def mx_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
                            threads: int = _DEFAULT_THREADS, **attrs: int | str) -> np.ndarray:
     """``MXQuantizeDequantize`` with the node's attributes as keyword arguments."""
     return _native.quantize_dequantize("MX", np.asarray(x), attrs, dtype or "", threads)
+
+
+def cpu_isa() -> str:
+    """The instruction-set path the CPU kernels run now: "scalar", "avx2" or "avx512".
+
+    The best this processor supports, narrowed by the environment variable MXOPS_CPU_ISA
+    (read on every call). Raises ValueError for an unknown MXOPS_CPU_ISA value; a path this
+    processor cannot run is reported once on stderr and the best available one is returned.
+    """
+    return _native.cpu_isa()

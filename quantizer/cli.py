@@ -19,8 +19,10 @@ import json
 import sys
 from typing import Optional, Sequence
 
+import numpy as np
+
 from .calibration import NpzReader
-from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS
+from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS, MIXED_FORMAT_CONFIGS
 from .quantize import quantize_model
 from .mixed_precision import DEFAULT_CANDIDATES, MIXED_CONFIGS, auto_mixed_precision
 from .sensitivity import analyze_sensitivity
@@ -28,29 +30,112 @@ from .sensitivity import analyze_sensitivity
 __all__ = ["main", "NpzReader"]
 
 
+class UsageError(ValueError):
+    """A bad flag value, reported as one line naming the flag."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line with status 2, not argparse's usage block
+        _fail(f"{message} (see --help)")
+        sys.exit(2)
+
+
+# Python option names that quantize_model's messages may use, as the command line spells them.
+_FLAGS = {"a calibration_data_reader": "--calib or --calib-reader",
+          "bf16_activation_scaled": "--bf16-activation-scaled",
+          "bf16_qdq_to_cast": "--bf16-cast", "fold_weights=False": "--no-fold",
+          "QuantizationConfig needs an activation or a weight FormatSpec":
+          "--activation-config none and --weight-config none leave nothing to quantize"}
+
+
+def _fail(message: object) -> int:
+    """Print ``message`` as the one line of an error; returns the exit status, 2."""
+    text = " ".join(str(message).split())
+    for name, flag in _FLAGS.items():
+        text = text.replace(name, flag)
+    print(f"ort-mx-quantize: error: {text}", file=sys.stderr)
+    return 2
+
+
+def _config_name(allow_none: bool, mixed: bool = False):
+    """An argparse type: a built-in config name (or "none" where allowed; with ``mixed``
+    also the named mixed configs)."""
+    def check(name: str) -> str:
+        valid = config_names() + (["none"] if allow_none else []) + (
+            list(MIXED_FORMAT_CONFIGS) + list(MIXED_CONFIGS) if mixed else [])
+        if name.upper() not in {v.upper() for v in valid}:
+            raise argparse.ArgumentTypeError(f"unknown config {name!r}; choose one of "
+                                             f"{', '.join(valid)}")
+        return name
+    return check
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _npz_file(path: str) -> str:
+    """An argparse type: an .npz that opens and holds arrays (NpzReader reads it later)."""
+    try:
+        with np.load(path) as npz:
+            if not npz.files:
+                raise ValueError("it holds no arrays")
+    except Exception as exc:  # missing, not a zip, not an .npz
+        raise argparse.ArgumentTypeError(f"cannot read {path} ({type(exc).__name__}: {exc})")
+    return path
+
+
 def _load_reader(spec: str):
+    """The reader ``MODULE:CALLABLE`` returns; UsageError naming --calib-reader."""
     module, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit("--calib-reader takes module:callable")
-    return getattr(importlib.import_module(module), attr)()
+    if not module or not attr:
+        raise UsageError(f"--calib-reader takes MODULE:CALLABLE, got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise UsageError(f"--calib-reader: cannot import module {module!r} ({exc})") from None
+    except AttributeError:
+        raise UsageError(f"--calib-reader: module {module!r} has no {attr!r}") from None
+    try:
+        reader = factory()
+    except Exception as exc:
+        raise UsageError(f"--calib-reader: {spec}() raised {type(exc).__name__}: {exc}") \
+            from None
+    if not callable(getattr(reader, "get_next", None)):
+        raise UsageError(f"--calib-reader: {spec}() returned a {type(reader).__name__}, not "
+                         "a CalibrationDataReader (no get_next())")
+    return reader
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="ort-mx-quantize", description="Insert BFP / MX / BF16 quantize-dequantize nodes "
-        "into an ONNX model (runs with the ort_mx_ops custom-op library).", epilog=__doc__,
+        "into an ONNX model (runs with the ort_mx_ops custom-op library). OUTPUT's directory "
+        "must exist; every error is one line on stderr with exit status 2.", epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="float ONNX model")
     p.add_argument("output", nargs="?",
                    help="where to write the quantized model (never the input; not with "
                         "--analyze)")
-    p.add_argument("--config", metavar="NAME",
+    p.add_argument("--config", metavar="NAME", type=_config_name(False, mixed=True),
                    help=f"format for activations and weights: {', '.join(config_names())}; "
-                        f"or MX9_INT8, {', '.join(MIXED_CONFIGS)} (searched)")
-    p.add_argument("--weight-config", metavar="NAME",
+                        f"or {', '.join(MIXED_FORMAT_CONFIGS)}, {', '.join(MIXED_CONFIGS)} "
+                        "(searched, see --target)")
+    p.add_argument("--tensor", action="append", metavar="NAME=CONFIG[:axis=N]",
+                   help="a node on this tensor only, no automatic placement (repeatable; "
+                        "replaces --config; without :axis=N the tensor's reader chooses the "
+                        "axis as the quantizer does)")
+    p.add_argument("--weight-config", metavar="NAME", type=_config_name(True),
                    help="a different format for weights (e.g. --config BF16 "
                         "--weight-config MXINT8); 'none' keeps weights float")
-    p.add_argument("--activation-config", metavar="NAME",
+    p.add_argument("--activation-config", metavar="NAME", type=_config_name(True),
                    help="a different format for activations; 'none' keeps them float")
     p.add_argument("--op-types", nargs="+", default=list(DEFAULT_OP_TYPES), metavar="OP",
                    help="op types whose inputs are quantized (default: %(default)s)")
@@ -71,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BF16: rescale each weight by its range before rounding")
     p.add_argument("--bf16-activation-scaled", action="store_true",
                    help="BF16: rescale activations by their calibrated range (needs --calib)")
-    p.add_argument("--calib", metavar="NPZ", help="calibration inputs (.npz, samples on axis 0)")
-    p.add_argument("--calib-batch", type=int, default=1, help="calibration batch size")
+    p.add_argument("--calib", metavar="NPZ", type=_npz_file, help="calibration inputs (.npz, samples on axis 0)")
+    p.add_argument("--calib-batch", type=_positive_int, default=1,
+                   help="calibration batch size")
     p.add_argument("--calib-reader", metavar="MODULE:CALLABLE",
                    help="a callable returning a CalibrationDataReader")
     amp = p.add_argument_group("sensitivity and automatic mixed precision")
@@ -88,28 +174,35 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fidelity to meet on the calibration data (default: none, every "
                           "tensor in its cheapest candidate)")
     amp.add_argument("--metric", default="top1", metavar="NAME",
-                     help="top1, cosine, sqnr, or module:callable (default %(default)s)")
-    amp.add_argument("--sensitivity-batches", type=int, default=None, metavar="N",
+                     help="top1, cosine, sqnr, or MODULE:CALLABLE (default %(default)s)")
+    amp.add_argument("--sensitivity-batches", type=_positive_int, default=None, metavar="N",
                      help="rank with the first N stacked calibration batches only (faster)")
-    amp.add_argument("--max-batch", type=int, default=32, metavar="N",
+    amp.add_argument("--max-batch", type=_positive_int, default=32, metavar="N",
                      help="stack calibration samples of one shape up to N per run")
     amp.add_argument("--analysis-json", metavar="FILE", help="--analyze: write the JSON")
     amp.add_argument("--heatmap", metavar="PNG",
                      help="--analyze: write a layers x formats heat map (needs matplotlib)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    p.add_argument("--external-data", action="store_true",
+                   help="store the tensors in OUTPUT.data beside the model (automatic from "
+                        "2 GiB)")
     return p
 
 
 def _metric(spec: str):
-    if ":" in spec:
-        module, _, attr = spec.partition(":")
+    """``--metric``: a built-in name, or the callable at MODULE:CALLABLE."""
+    if ":" not in spec:
+        return spec
+    module, _, attr = spec.partition(":")
+    try:
         return getattr(importlib.import_module(module), attr)
-    return spec
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--metric: cannot load {spec} ({exc})") from None
 
 
-def _run_amp(args: argparse.Namespace, reader, placement: dict) -> object:
-    """--analyze (returns None after printing) or --auto-mixed-precision (the summary)."""
+def _run_amp(args: argparse.Namespace, reader, placement: dict):
+    """--analyze (prints, returns None) or the mixed-precision search (returns the summary)."""
     preset = args.config.upper() if args.config and args.config.upper() in MIXED_CONFIGS \
         else None
     candidates = args.candidates or (MIXED_CONFIGS[preset] if preset else DEFAULT_CANDIDATES)
@@ -135,57 +228,77 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ort-mx-quantize``; returns the process exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .config import get_config
+
+    if args.tensor:
+        from .surgery import run_tensor_flags
+        return run_tensor_flags(args)
     searched = args.auto_mixed_precision or (
         args.config is not None and args.config.upper() in MIXED_CONFIGS)
     if args.analyze and args.auto_mixed_precision:
         parser.error("--analyze and --auto-mixed-precision are separate runs")
     if args.config is None and not (args.analyze or searched):
-        parser.error("--config is required (or --analyze / --auto-mixed-precision)")
+        parser.error("the following arguments are required: --config (or --tensor, "
+                     "--analyze, --auto-mixed-precision)")
     if args.output is None and not args.analyze:
-        parser.error("OUTPUT is required (except with --analyze)")
+        parser.error("the following arguments are required: output (except with --analyze)")
+    if args.analyze or searched:
+        placement = dict(op_types_to_quantize=tuple(args.op_types),
+                         nodes_to_exclude=tuple(args.exclude),
+                         quantize_all_op_types=args.all_op_types,
+                         quantize_bias=args.quantize_bias, placement=args.placement)
+        try:
+            reader = None
+            if args.calib:
+                reader = NpzReader(args.calib, args.calib_batch)
+            elif args.calib_reader:
+                reader = _load_reader(args.calib_reader)
+            summary = _run_amp(args, reader, placement)
+        except (ValueError, OSError, RuntimeError, TypeError) as exc:
+            return _fail(exc)
+        if summary is None:
+            return 0
+        return _report(args, summary)
+
     try:
+        base = get_config(args.config)
+        cfg = base.replace(
+            activation=base.activation if args.activation_config is None
+            else args.activation_config,
+            weight=base.weight if args.weight_config is None else args.weight_config,
+            op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
+            quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
+            placement=args.placement, fold_weights=not args.no_fold,
+            legacy_names=args.legacy_names, bf16_qdq_to_cast=args.bf16_cast,
+            bf16_weight_scaled=args.bf16_weight_scaled,
+            bf16_activation_scaled=args.bf16_activation_scaled)
         reader = None
         if args.calib:
             reader = NpzReader(args.calib, args.calib_batch)
         elif args.calib_reader:
             reader = _load_reader(args.calib_reader)
-        if args.analyze or searched:
-            placement = dict(op_types_to_quantize=tuple(args.op_types),
-                             nodes_to_exclude=tuple(args.exclude),
-                             quantize_all_op_types=args.all_op_types,
-                             quantize_bias=args.quantize_bias, placement=args.placement)
-            summary = _run_amp(args, reader, placement)
-            if summary is None:
-                return 0
-        else:
-            summary = _quantize(args, reader)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"ort-mx-quantize: error: {exc}", file=sys.stderr)
-        return 2
+        summary = quantize_model(args.input, args.output, cfg, reader, progress=not args.quiet,
+                                 external_data=args.external_data)
+    except (ValueError, OSError, RuntimeError) as exc:
+        return _fail(exc)
+    except Exception as exc:  # anything else still ends in one line, not a traceback
+        return _fail(f"{type(exc).__name__}: {exc}")
+    return _report(args, summary)
+
+
+def _report(args: argparse.Namespace, summary) -> int:
+    """Print the summary (unless --quiet) and write --summary-json."""
     if not args.quiet:
         print(summary)
         print(f"wrote {args.output}")
     if args.summary_json:
-        with open(args.summary_json, "w", encoding="utf-8") as f:
-            json.dump(summary.as_dict(), f, indent=2)
+        try:
+            with open(args.summary_json, "w", encoding="utf-8") as f:
+                json.dump(summary.as_dict(), f, indent=2)
+        except OSError as exc:
+            return _fail(f"--summary-json: cannot write {args.summary_json} ({exc}); the "
+                         f"model was written to {args.output}")
     return 0
-
-
-def _quantize(args: argparse.Namespace, reader):
-    """The plain run: one config (with the kind and placement flags) over the model."""
-    from .config import get_config
-    base = get_config(args.config)
-    cfg = base.replace(
-        activation=base.activation if args.activation_config is None
-        else args.activation_config,
-        weight=base.weight if args.weight_config is None else args.weight_config,
-        op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
-        quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
-        placement=args.placement, fold_weights=not args.no_fold,
-        legacy_names=args.legacy_names, bf16_qdq_to_cast=args.bf16_cast,
-        bf16_weight_scaled=args.bf16_weight_scaled,
-        bf16_activation_scaled=args.bf16_activation_scaled)
-    return quantize_model(args.input, args.output, cfg, reader, progress=not args.quiet)
 
 
 if __name__ == "__main__":

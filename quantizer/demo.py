@@ -39,7 +39,8 @@ def find_rapidocr_recognizer() -> str:
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.origin:
         raise RuntimeError("the demo's default model comes with the rapidocr-onnxruntime "
-                           "package: pip install 'ort_mx_ops[demo]' (or pass --model)")
+                           "package: pip install rapidocr-onnxruntime pillow, or "
+                           "pip install \".[demo]\" in the source tree (or pass --model)")
     models = os.path.join(os.path.dirname(spec.origin), "models")
     found = sorted(f for f in os.listdir(models) if "rec" in f and f.endswith(".onnx")) \
         if os.path.isdir(models) else []

@@ -114,6 +114,16 @@ class ModelView:
                     self.consumers.setdefault(inp, []).append((idx, k))
         self.graph_outputs = {o.name for o in g.output}
         self.graph_inputs = graph_inputs
+        # Every name a subgraph (If / Loop / Scan body, at any depth) mentions: an outer
+        # tensor read there must keep its values, and new names must not collide with them.
+        self.subgraph_names: set[str] = set()
+        self.subgraph_nodes: list[str] = []
+        for node in g.node:
+            subs = _subgraphs(node)
+            if subs:
+                self.subgraph_nodes.append(f"{node.op_type} {node.name!r}")
+            for sub in subs:
+                self.subgraph_names |= _all_names(sub)
 
     def is_float(self, name: str) -> Optional[bool]:
         """True/False where the element type is known, None where it is not."""
@@ -141,6 +151,31 @@ class ModelView:
             if a.name == name:
                 return onnx.helper.get_attribute_value(a)
         return default
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
+    found = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            found.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            found.extend(a.graphs)
+    return found
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor and node name in ``graph`` and the subgraphs nested in it."""
+    names = {i.name for i in graph.initializer} | {i.name for i in graph.input} | \
+        {o.name for o in graph.output}
+    for node in graph.node:
+        names.add(node.name)
+        names.update(node.input)
+        names.update(node.output)
+        for sub in _subgraphs(node):
+            names |= _all_names(sub)
+    names.discard("")
+    return names
 
 
 def _without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -95,8 +95,55 @@ def _load(model_input: ModelInput) -> tuple[onnx.ModelProto, Optional[str]]:
         return m, None
     path = os.fspath(model_input)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"model file not found: {path}")
-    return onnx.load(path, load_external_data=True), path
+        raise FileNotFoundError(f"input model {path} is not a file" if os.path.exists(path)
+                                else f"model file not found: {path}")
+    try:
+        model = onnx.load(path, load_external_data=True)
+    except Exception as exc:  # protobuf's DecodeError, a missing external data file, ...
+        raise ValueError(f"input model {path} is not a readable ONNX model "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not model.HasField("graph"):
+        raise ValueError(f"input model {path} is not an ONNX model (it has no graph)")
+    return model, path
+
+
+def _tensors(graph: onnx.GraphProto):
+    """Every TensorProto in ``graph``: initializers, tensor attributes, subgraphs'."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+            yield from a.tensors
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else []) + list(a.graphs):
+                yield from _tensors(g)
+
+
+def _refuse_input_files(targets: list[str], input_model: str) -> None:
+    """``ValueError`` if a path in ``targets`` is ``input_model`` or a file that model keeps
+    tensors in (its external data): those must never be written."""
+    existing = [t for t in targets if os.path.exists(t)]
+    if not existing:
+        return  # nothing there to overwrite; no need to read the input again
+    header = onnx.load(input_model, load_external_data=False)
+    base = os.path.dirname(os.path.abspath(input_model))
+    stored = {os.path.abspath(input_model)} | {
+        os.path.join(base, e.value) for t in _tensors(header.graph)
+        for e in t.external_data if e.key == "location"}
+    for target in existing:
+        if any(os.path.exists(p) and os.path.samefile(p, target) for p in stored):
+            raise ValueError(f"refusing to write {target}: the input model is stored in that "
+                             "file; choose another output name")
+
+
+def _check_output_dir(path: str) -> None:
+    """Refuse, as ``cp`` does, an output whose directory does not exist, or a directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"output directory {directory} does not exist; create it "
+                                "first (nothing was written)")
+    if os.path.isdir(path):
+        raise ValueError(f"output {path} is a directory; give a file name")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -123,18 +170,26 @@ def _tensor_bytes(model: onnx.ModelProto) -> int:
 
 
 def save_model_atomic(model: onnx.ModelProto, path: str,
-                      external_threshold: int = EXTERNAL_DATA_THRESHOLD) -> None:
+                      external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                      input_model: Optional[str] = None) -> list[str]:
     """Check ``model`` with ``onnx.checker`` and write it to ``path`` through a temporary file
     and ``os.replace``, so a reader never sees a half-written model.  Tensors go to
-    ``<name>.data`` beside it when they total ``external_threshold`` bytes or more."""
+    ``<name>.data`` beside it when they total ``external_threshold`` bytes or more (0: always;
+    tensors under 1 KiB stay in the model).  Writes nothing and raises ``FileNotFoundError``
+    where the directory does not exist, ``ValueError`` where a file to write is
+    ``input_model`` or one of its external data files.  Returns the paths written: the
+    model, then its data file if any."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    _check_output_dir(path)
     external = _tensor_bytes(model) >= external_threshold
+    location = os.path.basename(path) + ".data"
+    targets = [path] + ([os.path.join(directory, location)] if external else [])
+    if input_model is not None:
+        _refuse_input_files(targets, input_model)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".ort-mx-quantize-") as tmp:
         tmp_model = os.path.join(tmp, os.path.basename(path))
         if external:
-            location = os.path.basename(path) + ".data"
             # Saving with external data rewrites the proto's tensors; keep the caller's intact.
             copy = onnx.ModelProto()
             copy.CopyFrom(model)
@@ -142,11 +197,15 @@ def save_model_atomic(model: onnx.ModelProto, path: str,
                             all_tensors_to_one_file=True, location=location,
                             size_threshold=1024, convert_attribute=True)
             onnx.checker.check_model(tmp_model)
-            os.replace(os.path.join(tmp, location), os.path.join(directory, location))
+            if os.path.exists(os.path.join(tmp, location)):
+                os.replace(os.path.join(tmp, location), targets[1])
+            else:  # every tensor was under 1 KiB: all stayed in the model
+                targets.pop()
         else:
             onnx.checker.check_model(model)
             onnx.save_model(model, tmp_model)
         os.replace(tmp_model, path)
+    return targets
 
 
 def _add_opset(model: onnx.ModelProto, domain: str) -> None:
@@ -157,10 +216,17 @@ def _add_opset(model: onnx.ModelProto, domain: str) -> None:
 def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os.PathLike]],
                    config: Union[str, QuantizationConfig],
                    calibration_data_reader: Optional[CalibrationDataReader] = None,
-                   *, progress: bool = False, **options: Any) -> QuantizationSummary:
+                   *, progress: bool = False, external_data: bool = False,
+                   **options: Any) -> QuantizationSummary:
     """Quantize ``model_input`` (a path or a ModelProto, which is left untouched) with
     ``config`` (a built-in name such as ``"MXFP8E4M3"``, or a :class:`QuantizationConfig`)
     and write the result to ``model_output`` (None: only return it, as ``summary.model``).
+
+    Files: ``model_output``'s directory must exist (``FileNotFoundError`` otherwise, before
+    any work); neither the input file nor a file it keeps tensors in is ever written
+    (``ValueError``); the tensors go to ``<output>.data`` beside the model with
+    ``external_data=True``, and always from 2 GiB.  Subgraphs (If, Loop, Scan) are not
+    quantized: what they read keeps its float values.
 
     ``options`` override config fields: ``activation`` / ``weight`` (a FormatSpec, a built-in
     name, or None for float: ``quantize_model(m, out, "MXFP4E2M1", activation="MXINT8")``
@@ -186,6 +252,8 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
                                     config, progress=progress, **options)
     start = time.perf_counter()
     cfg = get_config(config, **options)
+    if model_output is not None:
+        _check_output_dir(os.fspath(model_output))  # before any work, as cp does
     if model_output is not None and not isinstance(model_input, onnx.ModelProto):
         if _same_file(os.fspath(model_input), os.fspath(model_output)):
             raise ValueError(f"refusing to write the quantized model over its input "
@@ -224,13 +292,9 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
         sites=records, skipped=plan.skipped, conflicts=plan.conflicts,
         input_bytes=input_bytes, model=model)
     if model_output is not None:
-        save_model_atomic(model, os.fspath(model_output))
-        out = os.fspath(model_output)
-        summary.output_bytes = os.path.getsize(out)
-        data = out + ".data"
-        if os.path.exists(data) and any(
-                e.key == "location" for t in model.graph.initializer for e in t.external_data):
-            summary.output_bytes += os.path.getsize(data)
+        written = save_model_atomic(model, os.fspath(model_output),
+                                    0 if external_data else EXTERNAL_DATA_THRESHOLD, in_path)
+        summary.output_bytes = sum(os.path.getsize(p) for p in written)
     else:
         onnx.checker.check_model(model)
         summary.output_bytes = model.ByteSize()
@@ -253,10 +317,12 @@ class _Rewriter:
         self.model, self.view, self.cfg = model, view, cfg
         self.graph = model.graph
         self.names = _Names(self.graph)
+        self.names.used |= view.subgraph_names  # a new name must not shadow a subgraph's
         self.before: dict[int, list[onnx.NodeProto]] = {}
         self.new_inits: list[onnx.TensorProto] = []
         self.domains: set[str] = set()
-        self.skipped: list[str] = []
+        self.skipped: list[str] = [f"subgraphs of {node}: not quantized (they keep reading "
+                                   "the float tensors)" for node in view.subgraph_nodes]
         self.factory = NodeFactory(self.names.new, legacy_names=cfg.legacy_names,
                                    bf16_cast=cfg.bf16_qdq_to_cast)
 
@@ -299,8 +365,10 @@ class _Rewriter:
         scale = self._weight_scale(site, values)
         folded = fold_weight(values, site.spec, site.axis, scale, site.flatten)
         all_consumers = self.view.consumers.get(site.tensor, [])
+        # A graph output or a tensor a subgraph reads must keep its float values.
         exclusive = len(all_consumers) == len(site.consumers) and \
-            site.tensor not in self.view.graph_outputs
+            site.tensor not in self.view.graph_outputs and \
+            site.tensor not in self.view.subgraph_names
         if exclusive:
             # Every reader gets the quantized values: replace the tensor under its own name.
             new_t = numpy_helper.from_array(folded, site.tensor)

@@ -1,19 +1,32 @@
 """Cases and drivers shared by the GPU kernel tests (test_gpu_kernels.py on a real device,
 test_gpu_emulated.py on host threads): tensors, attributes and the C entry points of the GPU
-library (csrc/cuda/test_entry.cu), checked bit for bit against the CPU kernels.
+test library (csrc/cuda/test_entry.cu; setup.py links it beside each GPU library into
+build/gpu-tests/, never into the installed package), checked bit for bit against the CPU
+kernels.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from pathlib import Path
+
 from ort_mx_ops import _native
 from ort_mx_ops.formats import CONFIGS
 
 DTYPES = ("float32", "float16", "bfloat16")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_library_path(backend: str) -> Path:
+    """Where setup.py puts the test library of `backend` ("CUDA" or "ROCM");
+    $MXOPS_GPU_TEST_LIB_DIR overrides the folder."""
+    folder = Path(os.environ.get("MXOPS_GPU_TEST_LIB_DIR", ROOT / "build" / "gpu-tests"))
+    return folder / f"libort_mx_ops_{backend.lower()}_tests.so"
 
 # Values that exercise every special path: zeros of both signs, infinities, NaNs with
 # payloads, float32 subnormals and float16 subnormals, values near float max.
@@ -21,6 +34,11 @@ SPECIALS_F32 = np.array(
     [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-40, -1e-40, 3e38, -3.4e38, 1e-45,
      6e-8, -6e-8, 65504.0, 65520.0, 0.5, -0.5, 1.5, -2.5, 1e-20, 5.877e-39],
     dtype=np.float32)
+# Output buffers start as these signalling-NaN patterns, which no kernel writes: computed NaNs
+# are quiet, and a float32 NaN passed through unchanged comes from the input, whose tensors
+# (make_input) never hold them. An element left unwritten therefore shows as this pattern.
+POISON = {"float32": 0x7FA5A5A5, "float16": 0x7D5A, "bfloat16": 0x7FA5}
+POISON_BY_ITEMSIZE = {4: POISON["float32"], 2: POISON["bfloat16"]}
 NAN_PAYLOADS_F32 = np.array([0x7fc00001, 0xffc12345, 0x7f800001, 0x7fffffff], dtype=np.uint32)
 
 
@@ -109,7 +127,7 @@ SHAPES_OUTER = [((2, 19, 33), 1), ((40, 3), 0), ((3, 20, 2, 5), 1), ((64, 8), 0)
 
 
 def config_cases(shapes=SHAPES_INNER + SHAPES_OUTER, dtypes=DTYPES) -> Iterator[Case]:
-    """Every configuration of SPEC section 3 (except BF16, a Q/DQ pair), each dtype, inner
+    """Every built-in configuration (except BF16, a Q/DQ pair), each dtype, inner
     and outer axes, odd lengths."""
     seed = 0
     for name, cfg in CONFIGS.items():
@@ -251,7 +269,7 @@ def call_bf16_qdq(lib: ctypes.CDLL, direction: int, shape: tuple[int, ...], axis
 
 def bf16_reference(direction: int, x: np.ndarray, scale: np.ndarray, zp: np.ndarray,
                    axis: int) -> np.ndarray:
-    """SPEC 2.4 in numpy: y = bfloat16(x / scale + zp) (NaN -> 0x7FC1), x = (y - zp) * scale."""
+    """The BF16 quantize / dequantize in numpy: y = bfloat16(x / scale + zp) (NaN -> 0x7FC1), x = (y - zp) * scale."""
     shape = x.shape
     if scale.size > 1:
         ax = axis % x.ndim

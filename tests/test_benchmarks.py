@@ -10,7 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from ort_mx_ops.benchmarks import graphs
+from ort_mx_ops.benchmarks import graphs, report
+from ort_mx_ops.benchmarks.cli import build_parser
 from ort_mx_ops.formats import CONFIGS
 
 import ort_mx_ops
@@ -18,12 +19,22 @@ import ort_mx_ops
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    pytest.importorskip("matplotlib")
+    """The tiny sweep's output folder; plots only where matplotlib is installed, so that the
+    JSON and Markdown checks never depend on it."""
     out = tmp_path_factory.mktemp("bench")
+    plots = [] if _has_matplotlib() else ["--no-plots"]
     proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--tiny", "--ep", "CPU",
-                           "--out", str(out), "--quiet"], capture_output=True, text=True,
+                           "--out", str(out), "--quiet", *plots], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -58,12 +69,33 @@ def test_tiny_sweep_json(tiny_run):
     assert not [e for e in doc["errors"] if e["kind"] in ("custom", "standard", "ref:neg")]
 
 
-def test_tiny_sweep_markdown_and_png(tiny_run):
+def test_tiny_sweep_markdown(tiny_run):
     md = (tiny_run / "results.md").read_text()
     assert md.startswith("# ort-mx-ops benchmark")
     assert "| config | layout |" in md and "Worst configuration against Neg" in md
     for config in CONFIGS:
         assert f"| {config} | innermost |" in md
+    # --tiny: exactly 2 timed runs after 1 warm-up run, said so in plain words.
+    assert "median of 2 interleaved runs after 1 warm-up run;" in md
+    assert "2–2" not in md and "1 warm-up runs" not in md
+
+
+def test_runs_phrase_counts_and_ranges():
+    assert report.runs_phrase(5, 30, 2) == "median of 5–30 interleaved runs after 2 warm-up runs"
+    assert report.runs_phrase(3, 3, 0) == "median of 3 interleaved runs without warm-up"
+    assert report.runs_phrase(1, 1, 1) == "one run after 1 warm-up run"
+
+
+def test_help_lists_allowed_values_and_defaults():
+    text = " ".join(build_parser().format_help().split())
+    assert "float32, float16, bfloat16 (default: float32,float16,bfloat16; --tiny: float32)" \
+        in text
+    assert "of innermost (blocked axis 1 of a [rows, cols] tensor) and outer (blocked axis 0) " \
+        "(default: innermost,outer)" in text
+
+
+def test_tiny_sweep_png(tiny_run):
+    pytest.importorskip("matplotlib")
     png = tiny_run / "throughput_cpu.png"
     data = png.read_bytes()
     assert data[:8] == PNG_MAGIC and len(data) > 10_000

@@ -1,10 +1,15 @@
 """The CPU kernels' SIMD walkers (AVX2, AVX-512; csrc/cpu/qdq_simd.cc) against the scalar
 walker, bit for bit, on random bit patterns (NaN, Inf, subnormals, zeros of both signs
 included), every method / rounding mode / dtype, contiguous and strided layouts, with tails.
-The scalar walker is itself checked against the numpy reference by test_ops.py."""
+The scalar walker is itself checked against the numpy reference by test_ops.py. A path this
+processor cannot run is skipped, saying so; every run asserts which path actually ran
+(ort_mx_ops.native.cpu_isa())."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -60,12 +65,18 @@ def _inputs(shape, dtype, rng):
     return (x.view(np.uint32) >> 16).astype(np.uint16)
 
 
-def _run(op, x, dtype, attrs, isa):
+@contextmanager
+def cpu_path(isa: str):
+    """Runs the block with MXOPS_CPU_ISA=isa, after checking that this path really runs
+    (skips, saying why, where the processor lacks it)."""
     old = os.environ.get("MXOPS_CPU_ISA")
     os.environ["MXOPS_CPU_ISA"] = isa
     try:
-        fn = native.bfp_quantize_dequantize if op == "BFP" else native.mx_quantize_dequantize
-        return fn(x, dtype="bfloat16" if dtype == "bfloat16" else None, threads=2, **attrs)
+        ran = native.cpu_isa()
+        if ran != isa:
+            pytest.skip(f"this processor cannot run the {isa} path (it runs {ran})")
+        yield
+        assert native.cpu_isa() == isa
     finally:
         if old is None:
             del os.environ["MXOPS_CPU_ISA"]
@@ -73,25 +84,32 @@ def _run(op, x, dtype, attrs, isa):
             os.environ["MXOPS_CPU_ISA"] = old
 
 
+def _run(op, x, dtype, attrs, isa):
+    with cpu_path(isa):
+        fn = native.bfp_quantize_dequantize if op == "BFP" else native.mx_quantize_dequantize
+        return fn(x, dtype="bfloat16" if dtype == "bfloat16" else None, threads=2, **attrs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_simd_matches_scalar(case, mode, dtype):
+def test_simd_matches_scalar(case, mode, dtype, isa):
     op, attrs = CASES[case]
     rng = np.random.default_rng(1000 * case + 10 * mode + len(dtype))
     for shape, axis in SHAPES:
         x = _inputs(shape, dtype, rng)
         a = dict(attrs, rounding_mode=mode, axis=axis)
         want = _run(op, x, dtype, a, "scalar").view(np.uint16 if dtype != "float32" else np.uint32)
-        for isa in ISAS:
-            got = _run(op, x, dtype, a, isa).view(want.dtype)
-            bad = np.flatnonzero(got.ravel() != want.ravel())
-            assert bad.size == 0, (isa, shape, axis, a, bad[:5], x.ravel()[bad[:5]],
-                                   got.ravel()[bad[:5]], want.ravel()[bad[:5]])
+        got = _run(op, x, dtype, a, isa).view(want.dtype)
+        bad = np.flatnonzero(got.ravel() != want.ravel())
+        assert bad.size == 0, (isa, shape, axis, a, bad[:5], x.ravel()[bad[:5]],
+                               got.ravel()[bad[:5]], want.ravel()[bad[:5]])
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_bf16_qdq_simd_matches_scalar(per_channel):
+def test_bf16_qdq_simd_matches_scalar(per_channel, isa):
     """ExtendedQuantizeLinear / ExtendedDequantizeLinear (bfloat16 zero point) through
     onnxruntime: the SIMD loops against the scalar ones, bit for bit."""
     import onnxruntime as ort
@@ -123,11 +141,54 @@ def test_bf16_qdq_simd_matches_scalar(per_channel):
     ort_mx_ops.register(so)
     sess = ort.InferenceSession(model.SerializeToString(), so)
     outs = {}
-    for isa in ["scalar"] + ISAS:
-        os.environ["MXOPS_CPU_ISA"] = isa
-        try:
-            outs[isa] = sess.run(None, {"X": x})[0].view(np.uint32)
-        finally:
+    for path in ("scalar", isa):
+        with cpu_path(path):
+            outs[path] = sess.run(None, {"X": x})[0].view(np.uint32)
+    np.testing.assert_array_equal(outs[isa], outs["scalar"], err_msg=isa)
+
+
+def test_cpu_isa_names_a_path():
+    """Unset, MXOPS_CPU_ISA gives the best path this processor runs."""
+    env = {k: v for k, v in os.environ.items() if k != "MXOPS_CPU_ISA"}
+    out = subprocess.run([sys.executable, "-c", "from ort_mx_ops import native; print(native.cpu_isa())"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out in ("scalar", "avx2", "avx512")
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " avx512f " in flags and " avx512bw " in flags and " avx512vl " in flags and " avx512dq " in flags:
+        assert out == "avx512"
+    elif " avx2 " in flags and " f16c " in flags:
+        assert out == "avx2"
+
+
+def test_unknown_cpu_isa_is_an_error():
+    """A misspelt MXOPS_CPU_ISA fails the op (pybind and ONNX Runtime), naming the values."""
+    from conftest import make_session, one_node_model, run_session
+    old = os.environ.get("MXOPS_CPU_ISA")
+    os.environ["MXOPS_CPU_ISA"] = "avx3"
+    try:
+        with pytest.raises(ValueError, match="MXOPS_CPU_ISA=avx3.*scalar, avx2, avx512"):
+            native.cpu_isa()
+        with pytest.raises(ValueError, match="MXOPS_CPU_ISA=avx3"):
+            native.mx_quantize_dequantize(np.ones((4, 32), np.float32))
+        sess = make_session(one_node_model("MXQuantizeDequantize", "com.amd.quark", {}))
+        with pytest.raises(Exception, match="MXOPS_CPU_ISA=avx3"):
+            run_session(sess, np.ones((4, 32), np.float32), "float32")
+    finally:
+        if old is None:
             del os.environ["MXOPS_CPU_ISA"]
-    for isa in ISAS:
-        np.testing.assert_array_equal(outs[isa], outs["scalar"], err_msg=isa)
+        else:
+            os.environ["MXOPS_CPU_ISA"] = old
+
+
+def test_unavailable_cpu_isa_is_reported():
+    """Asking for a path the processor lacks says so on stderr and reports the path that runs."""
+    best = subprocess.run([sys.executable, "-c", "from ort_mx_ops import native; print(native.cpu_isa())"],
+                          env={k: v for k, v in os.environ.items() if k != "MXOPS_CPU_ISA"},
+                          capture_output=True, text=True, check=True).stdout.strip()
+    if best == "avx512":
+        pytest.skip("this processor runs every path")
+    r = subprocess.run([sys.executable, "-c", "from ort_mx_ops import native; print(native.cpu_isa())"],
+                       env=dict(os.environ, MXOPS_CPU_ISA="avx512"), capture_output=True, text=True,
+                       check=True)
+    assert r.stdout.strip() == best
+    assert "MXOPS_CPU_ISA=avx512 is not available" in r.stderr and best in r.stderr

@@ -15,8 +15,10 @@ import pytest
 
 import ort_mx_ops
 
-EXPORTS = ("RegisterCustomOps", "mxops_gpu_qdq", "mxops_gpu_bf16_qdq",
-           "mxops_gpu_execution_provider")
+import gpu_cases
+
+EXPORTS = ("RegisterCustomOps",)
+TEST_EXPORTS = ("mxops_gpu_qdq", "mxops_gpu_bf16_qdq", "mxops_gpu_execution_provider")
 CUDA_ARCHS = os.environ.get("MXOPS_CUDA_ARCHS", "80;90;100").split(";")
 ROCM_ARCHS = os.environ.get("MXOPS_ROCM_ARCHS", "gfx90a;gfx908;gfx1030").split(";")
 # e_flags & EF_AMDGPU_MACH of an AMDGPU code object, per target (LLVM's ELF.h).
@@ -113,9 +115,21 @@ def rocm_library() -> str:
     return _library("ROCM", hipcc, "hipcc")
 
 
+def check_exports(library: str, backend: str) -> None:
+    """The released library exports RegisterCustomOps and none of the test entry points;
+    the test library beside it exports those."""
+    exported = exported_functions(library)
+    assert set(EXPORTS) <= exported, f"{library} does not export {sorted(set(EXPORTS) - exported)}"
+    leaked = set(TEST_EXPORTS) & exported
+    assert not leaked, f"{library} exports test entry points {sorted(leaked)}"
+    tests = gpu_cases.test_library_path(backend)
+    assert tests.exists(), f"the {backend} test library {tests} was not built"
+    missing = set(TEST_EXPORTS) - exported_functions(str(tests))
+    assert not missing, f"{tests} does not export {sorted(missing)}"
+
+
 def test_cuda_library_exports(cuda_library):
-    missing = set(EXPORTS) - exported_functions(cuda_library)
-    assert not missing, f"{cuda_library} does not export {sorted(missing)}"
+    check_exports(cuda_library, "CUDA")
 
 
 def fatbin_entries(blob: bytes) -> list[tuple[str, int, bytes]]:
@@ -163,8 +177,7 @@ def test_cuda_library_carries_every_arch(cuda_library):
 # ------------------------------------------------------------------------------------------
 
 def test_rocm_library_exports(rocm_library):
-    missing = set(EXPORTS) - exported_functions(rocm_library)
-    assert not missing, f"{rocm_library} does not export {sorted(missing)}"
+    check_exports(rocm_library, "ROCM")
 
 
 def test_rocm_library_carries_device_code_for_every_target(rocm_library):

@@ -78,11 +78,11 @@ def run_emulated(lib: ctypes.CDLL, case: gc.Case, x: np.ndarray) -> np.ndarray:
     if case.offset == 0 and n > 0:
         xg, yg = GuardedBuffer(n * dt.itemsize, dt), GuardedBuffer(n * dt.itemsize, dt)
         xg.array[:] = x.reshape(-1)
-        yg.array[:] = np.frombuffer(b"\x55" * (n * dt.itemsize), dtype=dt)
+        gc.bits(yg.array)[:] = gc.POISON[case.dtype]
         gc.call_qdq(lib, case.op, case.attr_string, case.dtype, case.shape, xg.ptr, yg.ptr)
         assert np.array_equal(gc.bits(xg.array), gc.bits(x.reshape(-1))), "the input was written"
         return yg.array.reshape(case.shape).copy()
-    poison = 0x5555 if dt.itemsize == 2 else 0x55555555
+    poison = gc.POISON[case.dtype]
     xb = np.zeros(n + 64, dtype=dt)
     yb = np.zeros(n + 64, dtype=dt)
     gc.bits(yb)[:] = poison  # bits() of a contiguous array is a view
@@ -154,11 +154,11 @@ def test_emulated_bf16_quantize_dequantize(emulated, shape, axis, per_channel):
     channels = shape[axis % len(shape)] if per_channel else 1
     scale = (rng.random(channels) * 2 + 0.25).astype(np.float32)
     zp = (np.float32(rng.standard_normal(channels)).view(np.uint32) >> 16).astype(np.uint16)
-    q = np.zeros(shape, np.uint16)
+    q = np.full(shape, gc.POISON["bfloat16"], np.uint16)
     gc.call_bf16_qdq(emulated, 0, shape, axis, per_channel, x.ctypes.data, scale.ctypes.data,
                      zp.ctypes.data, q.ctypes.data)
     assert np.array_equal(q, gc.bf16_reference(0, x, scale, zp, axis))
-    d = np.zeros(shape, np.float32)
+    d = np.full(shape, gc.POISON["float32"], np.uint32).view(np.float32)
     gc.call_bf16_qdq(emulated, 1, shape, axis, per_channel, q.ctypes.data, scale.ctypes.data,
                      zp.ctypes.data, d.ctypes.data)
     assert np.array_equal(gc.bits(d), gc.bits(gc.bf16_reference(1, q, scale, zp, axis)))

@@ -1,15 +1,19 @@
 """The GPU kernels on a real device, bit for bit against the CPU kernels.
 
-Through the GPU library's C entry points (csrc/cuda/test_entry.cu) on device buffers from
-PyTorch or CuPy, so no onnxruntime-gpu is needed; and through ONNX Runtime's CUDA execution
-provider where onnxruntime-gpu is installed. Every test skips, saying why, on a machine
-without a GPU, without PyTorch/CuPy, or without the GPU library.
+Through the GPU test library's C entry points (csrc/cuda/test_entry.cu, linked by setup.py
+into build/gpu-tests/) on device buffers from PyTorch or CuPy, so no onnxruntime-gpu is
+needed; and through ONNX Runtime's CUDA execution provider where onnxruntime-gpu is installed.
+The tests skip, saying why, on a machine without a GPU or without PyTorch/CuPy. Where a GPU
+and its compiler (nvcc / hipcc) are present, a missing GPU or test library fails them: a
+CPU-only install must not pass as tested.
 
 On a GPU machine: pip install . && pip install torch (or cupy) && pytest tests/test_gpu_kernels.py
 """
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
 import zlib
 
 import numpy as np
@@ -105,13 +109,25 @@ def device():
     return DEVICE
 
 
+def _compiler_present(backend: str) -> bool:
+    if backend == "ROCM":
+        return shutil.which("hipcc") is not None or os.path.exists("/opt/rocm/bin/hipcc")
+    return shutil.which("nvcc") is not None
+
+
 @pytest.fixture(scope="module")
 def gpu_lib(device) -> ctypes.CDLL:
-    try:
-        path = ort_mx_ops.get_library_path(device.backend)
-    except FileNotFoundError as e:
-        pytest.skip(f"the {device.backend} library was not built: {e}")
-    return gc.bind(ctypes.CDLL(path))
+    path = gc.test_library_path(device.backend)
+    missing = [p for p in (path,) if not p.exists()]
+    if device.backend not in ort_mx_ops.available_devices():
+        missing.append(f"the installed {device.backend} library")
+    if missing:
+        why = f"the {device.backend} library or its test library was not built: {missing}"
+        if _compiler_present(device.backend):
+            pytest.fail(f"a GPU and its compiler are present but {why}; reinstall without "
+                        f"MXOPS_NO_{device.backend}=1 and read the build log")
+        pytest.skip(why)
+    return gc.bind(ctypes.CDLL(str(path)))
 
 
 def run_device(device, lib, case: gc.Case, x: np.ndarray) -> np.ndarray:
@@ -121,7 +137,9 @@ def run_device(device, lib, case: gc.Case, x: np.ndarray) -> np.ndarray:
     xs = np.zeros(n + pad, dtype=dt)
     xs[case.offset:case.offset + n] = x.reshape(-1)
     xd = device.upload(xs)
-    yd = device.empty(n + pad, dt, 0x55555555 if dt.itemsize == 4 else 0x5555)
+    poison = gc.POISON[case.dtype]
+    assert not np.any(gc.bits(x) == poison), "the input holds the poison pattern"
+    yd = device.empty(n + pad, dt, poison)
     off = case.offset * dt.itemsize
     gc.call_qdq(lib, case.op, case.attr_string, case.dtype, case.shape, device.ptr(xd) + off,
                 device.ptr(yd) + off, device.stream())
@@ -130,7 +148,7 @@ def run_device(device, lib, case: gc.Case, x: np.ndarray) -> np.ndarray:
     assert np.array_equal(gc.bits(x_after), gc.bits(xs)), "the kernel wrote its input"
     poison = gc.bits(y)
     untouched = np.concatenate([poison[:case.offset], poison[case.offset + n:]])
-    assert np.all(untouched == (0x55555555 if dt.itemsize == 4 else 0x5555)), \
+    assert np.all(untouched == poison), \
         "the kernel wrote outside the output"
     return y[case.offset:case.offset + n].reshape(case.shape).copy()
 
@@ -179,12 +197,12 @@ def test_gpu_bf16_quantize_dequantize(device, gpu_lib, shape, axis, per_channel)
     scale = (rng.random(channels) * 2 + 0.25).astype(np.float32)
     zp = (np.float32(rng.standard_normal(channels)).view(np.uint32) >> 16).astype(np.uint16)
     xd, sd, zd = device.upload(x), device.upload(scale), device.upload(zp)
-    qd = device.empty(x.size, np.dtype(np.uint16), 0)
+    qd = device.empty(x.size, np.dtype(np.uint16), gc.POISON["bfloat16"])
     gc.call_bf16_qdq(gpu_lib, 0, shape, axis, per_channel, device.ptr(xd), device.ptr(sd),
                      device.ptr(zd), device.ptr(qd), device.stream())
     q = device.download(qd, np.dtype(np.uint16)).reshape(shape)
     assert np.array_equal(q, gc.bf16_reference(0, x, scale, zp, axis))
-    dd = device.empty(x.size, np.dtype(np.float32), 0)
+    dd = device.empty(x.size, np.dtype(np.float32), gc.POISON["float32"])
     gc.call_bf16_qdq(gpu_lib, 1, shape, axis, per_channel, device.ptr(qd), device.ptr(sd),
                      device.ptr(zd), device.ptr(dd), device.stream())
     d = device.download(dd, np.dtype(np.float32)).reshape(shape)

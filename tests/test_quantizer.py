@@ -327,6 +327,7 @@ def test_written_model_keeps_ir_opset_and_input_untouched(tmp_path):
     onnx.save(conv_model(), str(src))
     before = _sha(src)
     dst = tmp_path / "out" / "q.onnx"
+    dst.parent.mkdir()  # the output directory must exist
     s = quantize_model(str(src), str(dst), "MXFP6E2M3")
     assert _sha(src) == before
     q = onnx.load(str(dst))

@@ -45,8 +45,8 @@ def test_cli_mixed_formats_and_bf16_calibration(tmp_path, capsys):
 def test_cli_errors_are_reported_not_raised(tmp_path, capsys):
     src = tmp_path / "f.onnx"
     onnx.save(conv_model(), str(src))
-    assert cli.main([str(src), str(tmp_path / "q.onnx"), "--config", "FP3"]) == 2
-    assert "unknown quantization config 'FP3'" in capsys.readouterr().err
+    assert "--config: unknown config 'FP3'" in _cli_error(
+        [src, tmp_path / "q.onnx", "--config", "FP3"], capsys)
     assert cli.main([str(src), str(src), "--config", "MX6"]) == 2
     assert "refusing to write" in capsys.readouterr().err
 
@@ -84,3 +84,118 @@ def test_demo_reads_npz_samples_one_at_a_time(tmp_path):
     assert task.description.startswith("3 samples")
     assert [f["x"].shape for f in task.feeds] == [(1, 8, 10, 10)] * 3
     np.testing.assert_array_equal(np.concatenate([f["x"] for f in task.feeds]), x)
+
+
+# ------------------------------------------------------------------------------------------
+# every error: one line on stderr, exit status 2, naming the flag at fault
+# ------------------------------------------------------------------------------------------
+
+def _cli_error(argv, capsys) -> str:
+    """Run the CLI, expecting an error: returns its one stderr line."""
+    try:
+        rc = cli.main([str(a) for a in argv])
+    except SystemExit as exc:  # the parser's errors exit, with the same one line
+        rc = exc.code
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert rc == 2, (rc, captured.err)
+    assert len(lines) == 1 and lines[0].startswith("ort-mx-quantize: error: "), captured.err
+    assert captured.out == ""
+    return lines[0]
+
+
+def test_cli_error_paths_name_the_flag(tmp_path, capsys, monkeypatch):
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(conv_model(), str(src))
+    opset12 = tmp_path / "f12.onnx"
+    onnx.save(conv_model(opset=12), str(opset12))
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"this is not an onnx model\n" * 10)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    bad_npz = tmp_path / "bad.npz"
+    bad_npz.write_bytes(b"not a zip")
+    good_npz = tmp_path / "calib.npz"
+    np.savez(good_npz, x=feeds_for("conv")["x"])
+    (tmp_path / "fake_reader_mod.py").write_text(
+        "def make():\n    return object()\n\ndef boom():\n    raise OSError('disk gone')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = [
+        ([corrupt, dst, "--config", "MX6"], "corrupt.onnx is not a readable ONNX model"),
+        ([tmp_path / "none.onnx", dst, "--config", "MX6"], "model file not found"),
+        ([empty, dst, "--config", "MX6"], "empty.onnx is not an ONNX model (it has no graph)"),
+        ([tmp_path, dst, "--config", "MX6"], "is not a file"),
+        ([src, dst], "--config"),                                      # missing flag
+        ([src, dst, "--config", "FP3"], "--config: unknown config 'FP3'"),
+        ([src, dst, "--config", "none"], "--config: unknown config 'none'"),
+        ([src, dst, "--config", "MX6", "--weight-config", "MX7"], "--weight-config: unknown"),
+        ([src, dst, "--config", "MX6", "--activation-config", "int4"],
+         "--activation-config: unknown"),
+        ([src, dst, "--config", "MX6", "--activation-config", "none", "--weight-config",
+          "none"], "--activation-config none and --weight-config none"),
+        ([src, dst, "--config", "MX6", "--placement", "fancy"], "--placement"),
+        ([src, dst, "--config", "BF16", "--bf16-activation-scaled"],
+         "--bf16-activation-scaled needs --calib or --calib-reader"),
+        ([src, dst, "--config", "BF16", "--bf16-activation-scaled", "--calib",
+          tmp_path / "missing.npz"], "--calib: cannot read"),
+        ([src, dst, "--config", "BF16", "--bf16-activation-scaled", "--calib", bad_npz],
+         "--calib: cannot read"),
+        ([src, dst, "--config", "BF16", "--bf16-activation-scaled", "--calib", good_npz,
+          "--calib-batch", "0"], "--calib-batch: must be an integer >= 1"),
+        ([src, dst, "--config", "BF16", "--calib-reader", "no_such_module_xyz:make"],
+         "--calib-reader: cannot import module 'no_such_module_xyz'"),
+        ([src, dst, "--config", "BF16", "--calib-reader", "fake_reader_mod"],
+         "--calib-reader takes MODULE:CALLABLE"),
+        ([src, dst, "--config", "BF16", "--calib-reader", "fake_reader_mod:nope"],
+         "--calib-reader: module 'fake_reader_mod' has no 'nope'"),
+        ([src, dst, "--config", "BF16", "--calib-reader", "fake_reader_mod:make"],
+         "--calib-reader: fake_reader_mod:make() returned a object, not a"),
+        ([src, dst, "--config", "BF16", "--calib-reader", "fake_reader_mod:boom"],
+         "--calib-reader: fake_reader_mod:boom() raised OSError: disk gone"),
+        ([opset12, dst, "--config", "BF16", "--bf16-cast"], "--bf16-cast needs ONNX opset >= 13"),
+        ([src, tmp_path / "no_dir" / "q.onnx", "--config", "MX6"],
+         "output directory " + str(tmp_path / "no_dir") + " does not exist"),
+        ([src, tmp_path, "--config", "MX6"], "is a directory"),
+        ([src, src, "--config", "MX6"], "refusing to write"),
+    ]
+    for argv, expected in cases:
+        line = _cli_error(argv, capsys)
+        assert expected in line, (argv, line)
+    # Nothing was written by any of them, and no directory was created.
+    assert not dst.exists() and not (tmp_path / "no_dir").exists()
+    # A summary that cannot be written: the model was, and the line says so.
+    line = _cli_error([src, dst, "--config", "MX6", "--quiet", "--summary-json",
+                       tmp_path / "no_dir" / "s.json"], capsys)
+    assert "--summary-json: cannot write" in line and f"written to {dst}" in line
+    assert dst.exists()
+
+
+def test_cli_external_data_flag_and_collision(tmp_path, capsys):
+    src = tmp_path / "f.onnx"
+    onnx.save(conv_model(), str(src), save_as_external_data=True, location="q.onnx.data",
+              size_threshold=0)
+    data = tmp_path / "q.onnx.data"
+    before = data.read_bytes()
+    line = _cli_error([src, tmp_path / "q.onnx", "--config", "MX6", "--external-data"], capsys)
+    assert "refusing to write" in line and "q.onnx.data" in line
+    assert data.read_bytes() == before and not (tmp_path / "q.onnx").exists()
+    rc = cli.main([str(src), str(tmp_path / "r.onnx"), "--config", "MX6", "--external-data",
+                   "--quiet", "--summary-json", str(tmp_path / "s.json")])
+    assert rc == 0 and (tmp_path / "r.onnx.data").exists()
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["output_bytes"] == sum((tmp_path / n).stat().st_size
+                                          for n in ("r.onnx", "r.onnx.data"))
+
+
+def test_cli_corrupt_model_in_a_real_process(tmp_path):
+    """The installed entry point: no traceback, one line, exit status 2."""
+    import subprocess
+    import sys
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(bytes(range(256)) * 4)
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.quantizer.cli", str(corrupt),
+                           str(tmp_path / "q.onnx"), "--config", "MX6"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("ort-mx-quantize: error: input model ")

@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_mx_ops
-from conftest import as_dtype, assert_bits_equal, make_session, one_node_model, run_session, sample_tensor
+from conftest import (as_dtype, assert_bits_equal, make_session, one_node_model, poisoned_like,
+                      run_session, sample_tensor)
 from ort_mx_ops import reference
 from ort_mx_ops.formats import CONFIGS
 
@@ -71,7 +72,7 @@ def bf16_model(op: str, domain: str, per_channel: int | None, axis: int = 1):
 
 def run_bf16(model, x: np.ndarray, in_elem: str, out_dtype) -> np.ndarray:
     sess = make_session(model)
-    y = np.zeros(x.shape, out_dtype)
+    y = poisoned_like(np.empty(x.shape, out_dtype), "bfloat16" if out_dtype == np.uint16 else "float32")
     binding = sess.io_binding()
     elem = {"float32": TensorProto.FLOAT, "bfloat16": TensorProto.BFLOAT16}
     binding.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(x, elem[in_elem]))

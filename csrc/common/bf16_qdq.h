@@ -1,4 +1,4 @@
-// Per-element BF16 quantize / dequantize of SPEC 2.4 (ExtendedQuantizeLinear /
+// Per-element BF16 quantize / dequantize (docs/formats.md) of ExtendedQuantizeLinear /
 // ExtendedDequantizeLinear with a bfloat16 zero point), shared by every backend. The *_lanes
 // forms are templates over the lane type (numerics.h), zp the zero point widened to float.
 #pragma once

@@ -1,4 +1,4 @@
-// The numeric core of ort-mx-ops: every per-element and per-block function of SPEC section 2,
+// The numeric core of ort-mx-ops: every per-element and per-block function of the ops (docs/formats.md),
 // written once and compiled for the host (CPU backends, pybind module) and for the device
 // (CUDA and HIP backends). Backends own memory access, threading and launch only; the bits
 // come from here, so every backend agrees by construction.
@@ -170,7 +170,7 @@ template <class F>
 MXOPS_HD F divide(F x, const Pow2Divisor<F>& d) { return (x * d.a) * d.b; }
 
 // ------------------------------------------------------------------------------------------
-// Rounding to an integer (SPEC 2.1), for |v| < 2^31; all values the ops round are below 2^24.
+// Rounding to an integer (rounding_mode 0-2), for |v| < 2^31; all values the ops round are below 2^24.
 // ------------------------------------------------------------------------------------------
 
 enum RoundingMode : int { kHalfAwayFromZero = 0, kHalfUp = 1, kHalfEven = 2 };
@@ -224,7 +224,7 @@ MXOPS_HD auto rounds_up(I r, I h, U q, Mask negative) {
   else return (r > h) | ((r == h) & ((q & 1u) != 0));
 }
 
-// Drop t low bits of the significand M (< 2^25) with a rounding rule (SPEC 2.2 step 3).
+// Drop t low bits of the significand M (< 2^25) with a rounding rule (to_bfp_prime).
 // A quotient equal to `keep_at` is kept as it is (microexponents saturate instead of
 // carrying); pass 0xffffffff for plain rounding. t <= 0 keeps M; t >= 25 gives 0.
 template <int Mode, class U, class Mask>
@@ -240,7 +240,7 @@ MXOPS_HD U round_significand(U M, LaneI<U> t, U keep_at, Mask negative) {
 }
 
 // ------------------------------------------------------------------------------------------
-// to_bfp (SPEC 2.2)
+// to_bfp (BFPQuantizeDequantize)
 // ------------------------------------------------------------------------------------------
 
 template <class F>
@@ -280,7 +280,7 @@ MXOPS_HD F to_bfp_element(F x, const BfpScale<F>& p) {
 }
 
 // ------------------------------------------------------------------------------------------
-// to_bfp_prime, microexponents (SPEC 2.2)
+// to_bfp_prime, microexponents (BFPQuantizeDequantize)
 // ------------------------------------------------------------------------------------------
 
 // s: block maximum of exponent_field() (255 included); sub_max: the sub-block's maximum.
@@ -344,7 +344,7 @@ MXOPS_HD F bfp_prime_element_by_addition(F x, const BfpPrimeParams<F>& p) {
 }
 
 // ------------------------------------------------------------------------------------------
-// OCP microscaling (SPEC 2.3)
+// OCP microscaling (MXQuantizeDequantize)
 // ------------------------------------------------------------------------------------------
 
 // One element type. Integer: mantissa_bits = 0, is_int = true.
@@ -416,7 +416,7 @@ MXOPS_HD F mx_element(F x, const MxScale<F>& p, const MxElement& f) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Storage types: widen to float32 exactly, narrow with nearest-even (SPEC 2.1). The *_bits
+// Storage types: widen to float32 exactly, narrow with nearest-even. The *_bits
 // forms take and give the 16-bit pattern in a 32-bit lane.
 // ------------------------------------------------------------------------------------------
 

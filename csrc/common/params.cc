@@ -3,6 +3,139 @@
 #include <string>
 
 namespace mxops {
+
+// ------------------------------------------------------------------------------------------
+// The tables
+// ------------------------------------------------------------------------------------------
+
+const std::vector<OpSpec>& op_catalogue() {
+  static const std::vector<OpSpec> ops = {
+      {"BFPQuantizeDequantize", "com.amd.quark", OpKind::kBfp},
+      {"MXQuantizeDequantize", "com.amd.quark", OpKind::kMx},
+      {"ExtendedQuantizeLinear", "com.amd.quark", OpKind::kBf16Quantize},
+      {"ExtendedDequantizeLinear", "com.amd.quark", OpKind::kBf16Dequantize},
+      {"BFPFixNeuron", "com.vai.quantize", OpKind::kBfp},
+      {"MXFixNeuron", "com.vai.quantize", OpKind::kMx},
+      {"VitisQuantizeLinear", "com.vai.quantize", OpKind::kBf16Quantize},
+      {"VitisDequantizeLinear", "com.vai.quantize", OpKind::kBf16Dequantize},
+  };
+  return ops;
+}
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kBfp: return "BFP";
+    case OpKind::kMx: return "MX";
+    case OpKind::kBf16Quantize: return "BF16_QUANTIZE";
+    case OpKind::kBf16Dequantize: return "BF16_DEQUANTIZE";
+  }
+  return "?";
+}
+
+const std::vector<MxFormatSpec>& mx_formats() {
+  static const std::vector<MxFormatSpec> formats = {
+      {"fp8_e5m2", 5, 2, 15, 57344.0f}, {"fp8_e4m3", 4, 3, 8, 448.0f},
+      {"fp6_e3m2", 3, 2, 4, 28.0f},     {"fp6_e2m3", 2, 3, 2, 7.5f},
+      {"fp4_e2m1", 2, 1, 2, 6.0f},      {"int8", 0, 0, 0, 127.0f / 64.0f},
+  };
+  return formats;
+}
+
+MxElement MxFormatSpec::element() const {
+  const bool is_int = exponent_bits == 0;
+  const int bias = is_int ? 1 : (1 << (exponent_bits - 1)) - 1;
+  return MxElement{mantissa_bits, 1 - bias, emax, max_normal, is_int};
+}
+
+const std::vector<BfpMethodSpec>& bfp_methods() {
+  static const std::vector<BfpMethodSpec> methods = {
+      {"to_bfp", "to_bfp", Method::kToBfp},
+      {"to_bfp_prime", "to_bfp_prime", Method::kToBfpPrime},
+      {"to_bfp_prime_shared", "to_bfp_prime", Method::kToBfpPrime},
+  };
+  return methods;
+}
+
+namespace {
+
+constexpr int64_t kMaxBlockSize = int64_t{1} << 30;
+
+AttrSpec int_attr(const char* name, int64_t def, std::optional<int64_t> lo = std::nullopt,
+                  std::optional<int64_t> hi = std::nullopt, const char* meaning = "") {
+  return AttrSpec{name, AttrType::kInt, def, "", lo, hi, {}, meaning};
+}
+
+AttrSpec string_attr(const char* name, const char* def, std::vector<std::string> allowed) {
+  return AttrSpec{name, AttrType::kString, 0, def, std::nullopt, std::nullopt, std::move(allowed), ""};
+}
+
+std::vector<std::string> bfp_method_names() {
+  std::vector<std::string> v;
+  for (const auto& m : bfp_methods()) v.push_back(m.name);
+  return v;
+}
+
+std::vector<std::string> mx_format_names() {
+  std::vector<std::string> v;
+  for (const auto& f : mx_formats()) v.push_back(f.name);
+  return v;
+}
+
+AttrSpec block_size_attr(int64_t def) {
+  return int_attr("block_size", def, 1, kMaxBlockSize, "an integer from 1 to 1073741824 (2^30)");
+}
+
+AttrSpec rounding_mode_attr() {
+  return int_attr("rounding_mode", 0, 0, 2, "0 (half away from zero), 1 (half up), 2 (half to even)");
+}
+
+}  // namespace
+
+const std::vector<AttrSpec>& attributes_of(OpKind kind) {
+  static const std::vector<AttrSpec> bfp = {
+      string_attr("bfp_method", "to_bfp", bfp_method_names()),
+      int_attr("axis", 1),
+      int_attr("bit_width", 16, 10, 32),
+      block_size_attr(8),
+      rounding_mode_attr(),
+      // The sub-block attributes matter to to_bfp_prime only; to_bfp ignores their values.
+      int_attr("sub_block_size", 2, 1, std::nullopt, "a divisor of block_size"),
+      int_attr("sub_block_shift_bits", 1, 0, 8),
+      int_attr("convert_to_bfloat_before_bfp", 0, 0, 1, "0 or 1"),
+      int_attr("use_compiler_version_cpu_kernel", 0, 0, 0,
+               "0 (the compiler-version kernel is not implemented yet)"),
+  };
+  static const std::vector<AttrSpec> mx = {
+      string_attr("element_dtype", "int8", mx_format_names()),
+      int_attr("axis", 1),
+      block_size_attr(32),
+      rounding_mode_attr(),
+  };
+  static const std::vector<AttrSpec> linear = {int_attr("axis", 1)};
+  switch (kind) {
+    case OpKind::kBfp: return bfp;
+    case OpKind::kMx: return mx;
+    default: return linear;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Validation against the tables
+// ------------------------------------------------------------------------------------------
+
+const char* found_type_name(FoundType t) {
+  switch (t) {
+    case FoundType::kAbsent: return "absent";
+    case FoundType::kInt: return "int";
+    case FoundType::kFloat: return "float";
+    case FoundType::kString: return "string";
+    case FoundType::kInts: return "list of ints";
+    case FoundType::kFloats: return "list of floats";
+    case FoundType::kOther: return "a type other than int, float or string";
+  }
+  return "?";
+}
+
 namespace {
 
 [[noreturn]] void fail(const std::string& op, const std::string& attribute,
@@ -11,85 +144,124 @@ namespace {
                         " is not supported; allowed: " + allowed};
 }
 
-int64_t int_attr(const AttributeSource& attrs, const char* name, int64_t fallback) {
-  auto v = attrs.get_int(name);
-  return v ? *v : fallback;
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "\"" : ", \"") + n + "\"";
+  return s;
 }
 
-int checked_range(const std::string& op, const AttributeSource& attrs, const char* name,
-                  int64_t fallback, int64_t lo, int64_t hi, const std::string& allowed) {
-  const int64_t v = int_attr(attrs, name, fallback);
-  if (v < lo || v > hi) fail(op, name, std::to_string(v), allowed);
-  return static_cast<int>(v);
+std::string allowed_text(const AttrSpec& a) {
+  if (!a.meaning.empty()) return a.meaning;
+  if (a.type == AttrType::kString) return quoted_list(a.allowed);
+  if (a.min && a.max) return std::to_string(*a.min) + ".." + std::to_string(*a.max);
+  if (a.min) return "an integer >= " + std::to_string(*a.min);
+  return "an integer";
 }
 
-constexpr int64_t kMaxBlockSize = int64_t{1} << 30;
+// The node's attributes, typed and checked against the kind's table.
+class Reader {
+ public:
+  Reader(OpKind kind, const std::string& op, const AttributeSource& attrs)
+      : specs_(attributes_of(kind)), op_(op) {
+    std::vector<std::string> known;
+    for (const auto& a : specs_) known.push_back(a.name);
+    const std::vector<std::string> unknown = attrs.unknown ? attrs.unknown(known) : std::vector<std::string>{};
+    if (!unknown.empty()) {
+      std::string names;
+      for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
+      throw InvalidArgument{op + ": unknown attribute '" + unknown.front() + "'; allowed: " + names};
+    }
+    for (const auto& a : specs_) {
+      AttributeValue v = attrs.get(a.name);
+      const FoundType want = a.type == AttrType::kInt ? FoundType::kInt : FoundType::kString;
+      if (v.type != FoundType::kAbsent && v.type != want)
+        throw InvalidArgument{op + ": attribute '" + a.name + "' has type " +
+                              found_type_name(v.type) + "; expected " + found_type_name(want)};
+      values_.push_back(std::move(v));
+    }
+  }
 
-void parse_common(const std::string& op, const AttributeSource& attrs, int64_t default_block,
-                  QdqParams& p) {
-  p.axis = int_attr(attrs, "axis", 1);
-  p.block_size = checked_range(op, attrs, "block_size", default_block, 1, kMaxBlockSize,
-                               "an integer >= 1");
-  p.rounding_mode = checked_range(op, attrs, "rounding_mode", 0, 0, 2,
-                                  "0 (half away from zero), 1 (half up), 2 (half to even)");
-}
+  const AttrSpec& spec(const char* name, size_t* index) const {
+    for (size_t i = 0; i < specs_.size(); ++i)
+      if (specs_[i].name == name) {
+        *index = i;
+        return specs_[i];
+      }
+    throw InvalidArgument{op_ + ": internal error: no attribute '" + std::string(name) + "'"};
+  }
+
+  // The value (or default), unchecked.
+  int64_t raw_int(const char* name) const {
+    size_t i;
+    const AttrSpec& a = spec(name, &i);
+    return values_[i].type == FoundType::kAbsent ? a.int_default : values_[i].i;
+  }
+
+  // The value (or default), checked against the table's range.
+  int64_t checked_int(const char* name) const {
+    size_t i;
+    const AttrSpec& a = spec(name, &i);
+    const int64_t v = raw_int(name);
+    if ((a.min && v < *a.min) || (a.max && v > *a.max)) fail(op_, a.name, std::to_string(v), allowed_text(a));
+    return v;
+  }
+
+  // The value (or default), checked against the table's allowed strings.
+  std::string checked_string(const char* name) const {
+    size_t i;
+    const AttrSpec& a = spec(name, &i);
+    const std::string v = values_[i].type == FoundType::kAbsent ? a.string_default : values_[i].s;
+    bool ok = a.allowed.empty();
+    for (const auto& s : a.allowed) ok = ok || s == v;
+    if (!ok) fail(op_, a.name, "\"" + v + "\"", allowed_text(a));
+    return v;
+  }
+
+ private:
+  const std::vector<AttrSpec>& specs_;
+  std::string op_;
+  std::vector<AttributeValue> values_;
+};
 
 }  // namespace
 
-QdqParams parse_bfp_attributes(const std::string& op, const AttributeSource& attrs) {
+QdqParams parse_block_attributes(OpKind kind, const std::string& op, const AttributeSource& attrs) {
+  const Reader r(kind, op, attrs);
   QdqParams p;
-  parse_common(op, attrs, 8, p);
-  const std::string method = attrs.get_string("bfp_method").value_or("to_bfp");
-  if (method == "to_bfp") {
-    p.method = Method::kToBfp;
-  } else if (method == "to_bfp_prime" || method == "to_bfp_prime_shared") {
-    p.method = Method::kToBfpPrime;
-  } else {
-    fail(op, "bfp_method", "\"" + method + "\"",
-         "\"to_bfp\", \"to_bfp_prime\" (alias \"to_bfp_prime_shared\")");
+  p.axis = r.raw_int("axis");
+  p.block_size = static_cast<int>(r.checked_int("block_size"));
+  p.rounding_mode = static_cast<int>(r.checked_int("rounding_mode"));
+  if (kind == OpKind::kMx) {
+    p.method = Method::kMx;
+    const std::string name = r.checked_string("element_dtype");
+    for (const auto& f : mx_formats())
+      if (f.name == name) p.element = f.element();
+    return p;
   }
-  p.mantissa_bits = checked_range(op, attrs, "bit_width", 16, 10, 32, "10..32") - 9;
-  p.bf16_first = checked_range(op, attrs, "convert_to_bfloat_before_bfp", 0, 0, 1, "0 or 1") != 0;
-  checked_range(op, attrs, "use_compiler_version_cpu_kernel", 0, 0, 0,
-                "0 (the compiler-version kernel is not implemented yet)");
-  // The sub-block attributes only matter to to_bfp_prime; to_bfp ignores them, as Quark does.
-  const int64_t sub = int_attr(attrs, "sub_block_size", 2);
-  const int64_t shift_bits = int_attr(attrs, "sub_block_shift_bits", 1);
+  const std::string method = r.checked_string("bfp_method");
+  for (const auto& m : bfp_methods())
+    if (m.name == method) p.method = m.method;
+  p.mantissa_bits = static_cast<int>(r.checked_int("bit_width")) - 9;
+  p.bf16_first = r.checked_int("convert_to_bfloat_before_bfp") != 0;
+  r.checked_int("use_compiler_version_cpu_kernel");
   if (p.method == Method::kToBfpPrime) {
+    const int64_t sub = r.raw_int("sub_block_size");
     if (sub < 1 || sub > p.block_size || p.block_size % sub != 0)
       fail(op, "sub_block_size", std::to_string(sub),
            "a divisor of block_size (" + std::to_string(p.block_size) + ")");
-    if (shift_bits < 0 || shift_bits > 8)
-      fail(op, "sub_block_shift_bits", std::to_string(shift_bits), "0..8");
     p.sub_block_size = static_cast<int>(sub);
-    p.sub_block_shift_bits = static_cast<int>(shift_bits);
+    p.sub_block_shift_bits = static_cast<int>(r.checked_int("sub_block_shift_bits"));
   }
   return p;
 }
 
-std::optional<MxElement> mx_element_by_name(const std::string& name) {
-  // mantissa bits, emin = 1 - bias, emax, max normal, integer (SPEC 2.3 table)
-  if (name == "fp8_e5m2") return MxElement{2, -14, 15, 57344.0f, false};
-  if (name == "fp8_e4m3") return MxElement{3, -6, 8, 448.0f, false};
-  if (name == "fp6_e3m2") return MxElement{2, -2, 4, 28.0f, false};
-  if (name == "fp6_e2m3") return MxElement{3, 0, 2, 7.5f, false};
-  if (name == "fp4_e2m1") return MxElement{1, 0, 2, 6.0f, false};
-  if (name == "int8") return MxElement{0, 0, 0, 127.0f / 64.0f, true};
-  return std::nullopt;
+int64_t parse_linear_attributes(OpKind kind, const std::string& op, const AttributeSource& attrs) {
+  return Reader(kind, op, attrs).raw_int("axis");
 }
 
-QdqParams parse_mx_attributes(const std::string& op, const AttributeSource& attrs) {
-  QdqParams p;
-  p.method = Method::kMx;
-  parse_common(op, attrs, 32, p);
-  const std::string name = attrs.get_string("element_dtype").value_or("int8");
-  auto element = mx_element_by_name(name);
-  if (!element)
-    fail(op, "element_dtype", "\"" + name + "\"",
-         "\"fp8_e5m2\", \"fp8_e4m3\", \"fp6_e3m2\", \"fp6_e2m3\", \"fp4_e2m1\", \"int8\"");
-  p.element = *element;
-  return p;
-}
+// ------------------------------------------------------------------------------------------
+// Geometry
+// ------------------------------------------------------------------------------------------
 
 Geometry make_geometry(const std::string& op, const std::vector<int64_t>& shape, int64_t axis) {
   Geometry g;
@@ -98,7 +270,7 @@ Geometry make_geometry(const std::string& op, const std::vector<int64_t>& shape,
   const int64_t rank = static_cast<int64_t>(shape.size());
   g.identity = g.num_elements == 1;
   // Rank 0/1: blocked along the only axis; `axis` is ignored. One element: returned as it
-  // is before the axis is looked at (SPEC 2.1, as Quark).
+  // is before the axis is looked at, as Quark does.
   if (rank <= 1 || g.identity) {
     g.outer = 1;
     g.length = g.num_elements;

@@ -1,6 +1,9 @@
-// Attributes of the block quantize-dequantize ops: their defaults, validation (SPEC 2.1) and
-// the tensor geometry a kernel runs over. Independent of ONNX Runtime, so the ORT kernels and
-// the pybind module parse and check attributes with the same code.
+// The catalogue of the ops (names, domains, attributes with their types, defaults and ranges,
+// MX element formats, bfp_method names), the validation that reads it, and the tensor
+// geometry a kernel runs over. Independent of ONNX Runtime and of every backend: the ORT
+// front end (csrc/ort), the pybind module (csrc/python, which also exports the catalogue as
+// ort_mx_ops._native.catalogue()) and the GPU test entry points parse attributes with this
+// code. The arithmetic the attributes select is documented in docs/formats.md.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +20,7 @@ enum class Method : int { kToBfp = 0, kToBfpPrime = 1, kMx = 2 };
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-// Everything a kernel needs to know about one node, validated.
+// Everything a kernel needs to know about one BFP / MX node, validated.
 struct QdqParams {
   Method method = Method::kToBfp;
   int64_t axis = 1;
@@ -32,26 +35,99 @@ struct QdqParams {
   MxElement element{0, 0, 0, 0.0f, true};
 };
 
-// Reads one attribute of the node: returns nullopt when the node does not set it.
+// ------------------------------------------------------------------------------------------
+// The catalogue
+// ------------------------------------------------------------------------------------------
+
+// What an op computes; every registered name maps to one kind.
+enum class OpKind : int { kBfp = 0, kMx = 1, kBf16Quantize = 2, kBf16Dequantize = 3 };
+
+struct OpSpec {
+  const char* name;
+  const char* domain;
+  OpKind kind;
+};
+
+// Every registered op name, in both domains (com.amd.quark and the legacy com.vai.quantize).
+const std::vector<OpSpec>& op_catalogue();
+
+// "BFP", "MX", "BF16_QUANTIZE" or "BF16_DEQUANTIZE".
+const char* op_kind_name(OpKind kind);
+
+enum class AttrType : int { kInt = 0, kString = 1 };
+
+// One attribute of an op kind. Integer ranges are inclusive; `allowed` lists the accepted
+// strings of a string attribute (empty: no list). `meaning` is added to range errors.
+struct AttrSpec {
+  std::string name;
+  AttrType type;
+  int64_t int_default;
+  std::string string_default;
+  std::optional<int64_t> min, max;
+  std::vector<std::string> allowed;
+  std::string meaning;
+};
+
+const std::vector<AttrSpec>& attributes_of(OpKind kind);
+
+// One MX element type. Integer (int8): exponent_bits = mantissa_bits = 0.
+struct MxFormatSpec {
+  std::string name;
+  int exponent_bits, mantissa_bits, emax;
+  float max_normal;
+  MxElement element() const;
+};
+
+const std::vector<MxFormatSpec>& mx_formats();
+
+// bfp_method values and the method each stands for ("to_bfp_prime_shared" is an old alias).
+struct BfpMethodSpec {
+  std::string name;
+  std::string canonical;
+  Method method;
+};
+
+const std::vector<BfpMethodSpec>& bfp_methods();
+
+// ------------------------------------------------------------------------------------------
+// Reading a node's attributes
+// ------------------------------------------------------------------------------------------
+
+// The type an attribute was found with (ONNX attribute types the sources can tell apart).
+enum class FoundType : int { kAbsent, kInt, kFloat, kString, kInts, kFloats, kOther };
+
+const char* found_type_name(FoundType t);
+
+struct AttributeValue {
+  FoundType type = FoundType::kAbsent;
+  int64_t i = 0;   // kInt
+  std::string s;   // kString
+};
+
+// A node's attributes as one front end sees them.
 struct AttributeSource {
-  std::function<std::optional<int64_t>(const char*)> get_int;
-  std::function<std::optional<std::string>(const char*)> get_string;
+  // The attribute `name` with the type it has on the node (kAbsent when not set).
+  std::function<AttributeValue(const std::string& name)> get;
+  // Names the node sets that are not in `known` (the front end finds what it can).
+  std::function<std::vector<std::string>(const std::vector<std::string>& known)> unknown;
 };
 
 // Thrown for a bad attribute, axis or input; the message names the op, the attribute and
-// what is allowed. Backends turn it into an ONNX Runtime error status or a Python error.
+// what is allowed. Front ends turn it into an ONNX Runtime error status or a Python error.
 struct InvalidArgument {
   std::string message;
 };
 
-// Parses and validates the attributes of BFPQuantizeDequantize / BFPFixNeuron.
-QdqParams parse_bfp_attributes(const std::string& op_name, const AttributeSource& attrs);
+// Parses and validates the attributes of an op of kind kBfp / kMx. `op` names the op (and
+// node) in error messages.
+QdqParams parse_block_attributes(OpKind kind, const std::string& op, const AttributeSource& attrs);
 
-// Parses and validates the attributes of MXQuantizeDequantize / MXFixNeuron.
-QdqParams parse_mx_attributes(const std::string& op_name, const AttributeSource& attrs);
+// The `axis` of ExtendedQuantizeLinear / ExtendedDequantizeLinear, validated likewise.
+int64_t parse_linear_attributes(OpKind kind, const std::string& op, const AttributeSource& attrs);
 
-// The element types of MXQuantizeDequantize, by attribute value (SPEC 2.3); nullopt if unknown.
-std::optional<MxElement> mx_element_by_name(const std::string& name);
+// ------------------------------------------------------------------------------------------
+// Geometry
+// ------------------------------------------------------------------------------------------
 
 // The tensor as the kernel sees it: [outer, length, inner] with blocks of block_size along
 // `length`. `identity` is set for a one-element tensor, which is returned unchanged (rounded
@@ -64,8 +140,8 @@ struct Geometry {
   int64_t blocks_along(int block_size) const { return (length + block_size - 1) / block_size; }
 };
 
-// Geometry of a tensor of `shape` blocked along `axis` (SPEC 2.1: rank 0/1 ignore the axis;
-// otherwise axis must lie in [-rank, rank-1]). Throws InvalidArgument naming `op_name`.
+// Geometry of a tensor of `shape` blocked along `axis`: rank 0/1 ignore the axis; otherwise
+// axis must lie in [-rank, rank-1]. Throws InvalidArgument naming `op_name`.
 Geometry make_geometry(const std::string& op_name, const std::vector<int64_t>& shape,
                        int64_t axis);
 

@@ -13,6 +13,19 @@ namespace mxops::cpu {
 // The ORT kernels pass ORT's intra-op thread pool; the pybind module passes std::threads.
 using TaskRunner = std::function<void(int64_t n_tasks, const std::function<void(int64_t)>& body)>;
 
+// The CPU kernels' instruction-set paths.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// "scalar", "avx2" or "avx512".
+const char* isa_name(Isa isa);
+
+// The path the CPU kernels take now: the best this processor runs (AVX-512 F/BW/VL/DQ, else
+// AVX2 + F16C, else scalar), narrowed by the environment variable MXOPS_CPU_ISA (scalar,
+// avx2 or avx512; read on every call, for tests and benchmarks). An unknown value throws
+// InvalidArgument; a path this processor cannot run is said once on stderr and the best
+// available one runs instead.
+Isa selected_isa();
+
 // A runner that does every task on the calling thread.
 void run_serial(int64_t n_tasks, const std::function<void(int64_t)>& body);
 

@@ -1,4 +1,4 @@
-// mxops::gpu (csrc/common/gpu_backend.h) for CUDA, and for ROCm when hipcc compiles this same
+// mxops::gpu (csrc/cuda/gpu_backend.h) for CUDA, and for ROCm when hipcc compiles this same
 // file: the launchers the ORT kernels call. Everything runs on the caller's stream; nothing
 // allocates or synchronises.
 #include "gpu_runtime.h"  // first: see qdq_kernels.cuh
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "../common/bf16_qdq.h"
-#include "../common/gpu_backend.h"
+#include "gpu_backend.h"
 #include "qdq_launch.h"
 
 namespace mxops::gpu {
@@ -41,7 +41,7 @@ __device__ __forceinline__ int64_t channel_of(int64_t i, int64_t length, int64_t
   return i / inner % length;
 }
 
-// The BF16 quantize and dequantize of SPEC 2.4 as element functions, so that one
+// The BF16 quantize and dequantize (bf16_qdq.h) as element functions, so that one
 // grid-stride kernel serves both directions.
 struct Bf16QuantizeElement {
   MXOPS_HD uint16_t operator()(float x, float s, uint16_t z) const { return bf16_quantize(x, s, z); }

@@ -19,7 +19,7 @@
 //   Blocks of up to 32 elements stay in registers; longer ones are re-read per pass.
 // Sub-block layouts the contiguous kernels cannot reduce with shuffles (e.g. sub_block_size 3
 //   in a block longer than 32) take the per-thread walk of the inner > 1 kernel with inner 1:
-//   correct, not coalesced, and not used by any configuration of SPEC section 3.
+//   correct, not coalesced, and not used by any built-in configuration (BFP16, MX9/6/4, MXFP*, MXINT8).
 //
 // Indexing is 64-bit; kernels allocate nothing and grid-stride, so any size launches.
 #pragma once

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "../common/gpu_backend.h"
+#include "gpu_backend.h"
 #include "../common/params.h"
 
 #define MXOPS_C_EXPORT extern "C" __attribute__((visibility("default")))
@@ -70,19 +70,27 @@ struct ParsedAttributes {
 
   AttributeSource source() const {
     AttributeSource src;
-    src.get_int = [this](const char* name) -> std::optional<int64_t> {
-      const std::string* v = find(name);
-      if (v == nullptr) return std::nullopt;
-      if (!is_int(*v))
-        throw InvalidArgument{std::string("attribute '") + name + "' must be an integer"};
-      return std::stoll(*v);
+    src.get = [this](const std::string& name) {
+      mxops::AttributeValue v;
+      const std::string* text = find(name.c_str());
+      if (text == nullptr) return v;
+      if (is_int(*text)) {
+        v.type = mxops::FoundType::kInt;
+        v.i = std::stoll(*text);
+      } else {
+        v.type = mxops::FoundType::kString;
+        v.s = *text;
+      }
+      return v;
     };
-    src.get_string = [this](const char* name) -> std::optional<std::string> {
-      const std::string* v = find(name);
-      if (v == nullptr) return std::nullopt;
-      if (is_int(*v))
-        throw InvalidArgument{std::string("attribute '") + name + "' must be a string"};
-      return *v;
+    src.unknown = [this](const std::vector<std::string>& known) {
+      std::vector<std::string> out;
+      for (const auto& kv : items) {
+        bool k = false;
+        for (const auto& name : known) k = k || name == kv.first;
+        if (!k) out.push_back(kv.first);
+      }
+      return out;
     };
     return src;
   }
@@ -123,18 +131,8 @@ MXOPS_C_EXPORT int mxops_gpu_qdq(const char* op, const char* attrs, const char* 
     if (o != "BFP" && o != "MX") throw InvalidArgument{"op must be \"BFP\" or \"MX\""};
     const std::string op_name = o == "MX" ? "MXQuantizeDequantize" : "BFPQuantizeDequantize";
     const ParsedAttributes parsed(attrs);
-    static const char* kKnown[] = {"bfp_method", "axis", "bit_width", "block_size",
-                                   "rounding_mode", "sub_block_size", "sub_block_shift_bits",
-                                   "convert_to_bfloat_before_bfp",
-                                   "use_compiler_version_cpu_kernel", "element_dtype"};
-    for (const auto& kv : parsed.items) {
-      bool known = false;
-      for (const char* k : kKnown) known = known || kv.first == k;
-      if (!known) throw InvalidArgument{op_name + ": unknown attribute '" + kv.first + "'"};
-    }
-    const AttributeSource src = parsed.source();
-    const mxops::QdqParams params = o == "MX" ? mxops::parse_mx_attributes(op_name, src)
-                                              : mxops::parse_bfp_attributes(op_name, src);
+    const mxops::QdqParams params = mxops::parse_block_attributes(
+        o == "MX" ? mxops::OpKind::kMx : mxops::OpKind::kBfp, op_name, parsed.source());
     const DType t = parse_dtype(dtype);
     const mxops::Geometry g = mxops::make_geometry(op_name, make_shape(shape, rank), params.axis);
     const std::string status = mxops::gpu::launch_quantize_dequantize(params, t, x, y, g, stream);

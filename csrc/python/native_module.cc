@@ -34,21 +34,36 @@ cpu::TaskRunner thread_runner(int threads) {
   };
 }
 
+FoundType python_type(const py::handle& v) {
+  if (py::isinstance<py::bool_>(v) || py::isinstance<py::int_>(v)) return FoundType::kInt;
+  if (py::isinstance<py::float_>(v)) return FoundType::kFloat;
+  if (py::isinstance<py::str>(v)) return FoundType::kString;
+  if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+    bool ints = true;
+    for (auto item : v) ints = ints && py::isinstance<py::int_>(item);
+    return ints ? FoundType::kInts : FoundType::kFloats;
+  }
+  return FoundType::kOther;
+}
+
 AttributeSource dict_attributes(const py::dict& attrs) {
   AttributeSource src;
-  src.get_int = [attrs](const char* name) -> std::optional<int64_t> {
-    if (!attrs.contains(name)) return std::nullopt;
-    py::object v = attrs[name];
-    if (!py::isinstance<py::int_>(v))
-      throw InvalidArgument{std::string("attribute '") + name + "' must be an integer"};
-    return v.cast<int64_t>();
+  src.get = [attrs](const std::string& name) {
+    AttributeValue v;
+    if (!attrs.contains(name)) return v;
+    py::object value = attrs[py::str(name)];
+    v.type = python_type(value);
+    if (v.type == FoundType::kInt) v.i = value.cast<int64_t>();
+    if (v.type == FoundType::kString) v.s = value.cast<std::string>();
+    return v;
   };
-  src.get_string = [attrs](const char* name) -> std::optional<std::string> {
-    if (!attrs.contains(name)) return std::nullopt;
-    py::object v = attrs[name];
-    if (!py::isinstance<py::str>(v))
-      throw InvalidArgument{std::string("attribute '") + name + "' must be a string"};
-    return v.cast<std::string>();
+  src.unknown = [attrs](const std::vector<std::string>& known) {
+    std::vector<std::string> out;
+    for (auto item : attrs) {
+      const auto key = py::str(item.first).cast<std::string>();
+      if (std::find(known.begin(), known.end(), key) == known.end()) out.push_back(key);
+    }
+    return out;
   };
   return src;
 }
@@ -73,18 +88,8 @@ py::array quantize_dequantize(const std::string& op, py::array x, const py::dict
   try {
     const std::string op_name = op == "MX" ? "MXQuantizeDequantize" : "BFPQuantizeDequantize";
     if (op != "BFP" && op != "MX") throw InvalidArgument{"op must be \"BFP\" or \"MX\""};
-    static const char* kKnown[] = {"bfp_method", "axis", "bit_width", "block_size",
-                                   "rounding_mode", "sub_block_size", "sub_block_shift_bits",
-                                   "convert_to_bfloat_before_bfp",
-                                   "use_compiler_version_cpu_kernel", "element_dtype"};
-    for (auto item : attrs) {
-      const auto key = item.first.cast<std::string>();
-      if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; }))
-        throw InvalidArgument{op_name + ": unknown attribute '" + key + "'"};
-    }
-    const AttributeSource src = dict_attributes(attrs);
-    const QdqParams params =
-        op == "MX" ? parse_mx_attributes(op_name, src) : parse_bfp_attributes(op_name, src);
+    const QdqParams params = parse_block_attributes(op == "MX" ? OpKind::kMx : OpKind::kBfp,
+                                                    op_name, dict_attributes(attrs));
     const DType t = parse_dtype(x, dtype);
     x = py::array::ensure(x, py::array::c_style);
     std::vector<int64_t> shape(x.shape(), x.shape() + x.ndim());
@@ -102,6 +107,49 @@ py::array quantize_dequantize(const std::string& op, py::array x, const py::dict
   }
 }
 
+py::object int_or_none(const std::optional<int64_t>& v) {
+  return v ? py::object(py::int_(*v)) : py::object(py::none());
+}
+
+// The C++ catalogue (params.h) as plain Python data; see ort_mx_ops._native.catalogue.
+py::dict catalogue() {
+  py::dict ops;
+  for (const OpSpec& op : op_catalogue()) {
+    py::dict attrs;
+    for (const AttrSpec& a : attributes_of(op.kind)) {
+      py::dict d;
+      const bool is_int = a.type == AttrType::kInt;
+      d["type"] = is_int ? "int" : "string";
+      d["default"] = is_int ? py::object(py::int_(a.int_default)) : py::object(py::str(a.string_default));
+      d["min"] = int_or_none(a.min);
+      d["max"] = int_or_none(a.max);
+      d["allowed"] = a.allowed.empty() ? py::object(py::none()) : py::object(py::cast(a.allowed));
+      attrs[py::str(a.name)] = d;
+    }
+    py::dict entry;
+    entry["domain"] = op.domain;
+    entry["kind"] = op_kind_name(op.kind);
+    entry["attrs"] = attrs;
+    ops[op.name] = entry;
+  }
+  py::dict formats;
+  for (const MxFormatSpec& f : mx_formats()) {
+    py::dict d;
+    d["exponent_bits"] = f.exponent_bits;
+    d["mantissa_bits"] = f.mantissa_bits;
+    d["emax"] = f.emax;
+    d["max_normal"] = static_cast<double>(f.max_normal);
+    formats[py::str(f.name)] = d;
+  }
+  py::dict methods;
+  for (const BfpMethodSpec& m : bfp_methods()) methods[py::str(m.name)] = m.canonical;
+  py::dict out;
+  out["ops"] = ops;
+  out["mx_element_formats"] = formats;
+  out["bfp_methods"] = methods;
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -109,4 +157,14 @@ PYBIND11_MODULE(_native, m) {
   m.def("quantize_dequantize", &quantize_dequantize, py::arg("op"), py::arg("x"),
         py::arg("attrs"), py::arg("dtype") = "", py::arg("threads") = 1,
         "Block quantize-dequantize of x; op is \"BFP\" or \"MX\"; attrs as the ONNX node's.");
+  m.def("cpu_isa", [] {
+    try {
+      return std::string(cpu::isa_name(cpu::selected_isa()));
+    } catch (const InvalidArgument& e) {
+      throw py::value_error(e.message);
+    }
+  }, "The CPU kernels' instruction-set path that runs now: \"scalar\", \"avx2\" or \"avx512\".");
+  m.def("catalogue", &catalogue,
+        "The ops (names, domains, kinds, attributes with type, default, min, max, allowed "
+        "values), MX element formats and bfp_method names, from the tables the validation reads.");
 }

@@ -1,12 +1,12 @@
 // The interface every GPU backend implements (csrc/cuda, and the HIP build of the same sources
-// in csrc/rocm). The op registration (csrc/common/ort_ops.cc) calls these from the GPU
+// in csrc/rocm). The ORT front end (csrc/ort/gpu_backend.h) calls these from the GPU
 // kernels' Compute; they launch on `stream` (ORT's compute stream) and never synchronise.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "params.h"
+#include "../common/params.h"
 
 namespace mxops::gpu {
 

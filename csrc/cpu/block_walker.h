@@ -1,0 +1,374 @@
+// The CPU block walker: one source for the scalar path (qdq_cpu.cc, one element per lane)
+// and the SIMD paths (qdq_simd.cc, compiled once per instruction set with a vector of W
+// float lanes). The numeric work is numerics.h's through the lane-generic policies below;
+// this file owns the walk over blocks, the split of a tensor into work units, loads and
+// stores, and the choice of numerics.h's cheaper exact forms where every lane allows them.
+//
+// A lane set L provides: W (lanes), F / I / U (float, signed, unsigned lane types), all(mask),
+// group_max(v, steps) (maximum over aligned groups of 2^steps lanes, in every lane of the
+// group), and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
+// numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs).
+//
+// Everything here has internal linkage (an anonymous namespace): the SIMD translation units
+// are compiled with AVX2 / AVX-512 flags, and an inline function they emit must never be
+// picked by the linker for baseline code.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "../common/numerics.h"
+#include "../common/params.h"
+
+#define MXOPS_VINL inline __attribute__((always_inline))
+
+namespace mxops::cpu {
+
+// How the CPU kernels split a tensor into work units; shared by every lane width.
+// Blocked axis innermost: a unit is a chunk of whole blocks of one row, about kChunk
+// elements. Blocked axis outer: a unit is one block (down the axis) of a tile of
+// kTileColumns neighbouring columns, so rows stay contiguous in memory.
+constexpr int64_t kChunk = 16384;
+constexpr int64_t kTileColumns = 128;
+// Software prefetch distance along a stream, in bytes.
+constexpr int64_t kPrefetchBytes = 2048;
+
+namespace {
+
+struct UnitPlan {
+  int64_t units = 0;       // work units of the tensor
+  int64_t unit_elements;   // elements of a full unit
+  int64_t chunk = 0;       // blocked axis innermost: elements per unit along a row
+};
+
+MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size) {
+  UnitPlan p;
+  const int64_t bs = block_size;
+  if (g.inner == 1) {
+    p.chunk = bs >= kChunk ? bs : kChunk / bs * bs;
+    const int64_t per_row = (g.length + p.chunk - 1) / p.chunk;
+    p.units = g.outer * per_row;
+    p.unit_elements = p.chunk < g.length ? p.chunk : g.length;
+  } else {
+    const int64_t tiles = (g.inner + kTileColumns - 1) / kTileColumns;
+    const int64_t blocks = (g.length + bs - 1) / bs;
+    p.units = g.outer * blocks * tiles;
+    p.unit_elements = (bs < g.length ? bs : g.length) * (g.inner < kTileColumns ? g.inner : kTileColumns);
+  }
+  return p;
+}
+
+
+MXOPS_VINL int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+MXOPS_VINL bool power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+MXOPS_VINL int log2_exact(int64_t v) {
+  int k = 0;
+  while ((int64_t{1} << k) < v) ++k;
+  return k;
+}
+
+// One element per lane.
+struct ScalarLanes {
+  static constexpr int W = 1;
+  using F = float;
+  using I = int32_t;
+  using U = uint32_t;
+  static MXOPS_VINL bool all(bool m) { return m; }
+  static MXOPS_VINL I group_max(I v, int /*steps*/) { return v; }
+  template <class IO, bool Exact = false>
+  static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
+  template <class IO>
+  static MXOPS_VINL void store(typename IO::T* p, F v) { *p = IO::store(v); }
+};
+
+// ------------------------------------------------------------------------------------------
+// Policies over lanes: key / params / apply of block_ops.h, choosing the cheaper exact forms
+// of numerics.h when every lane allows them (the results are the same bits).
+// ------------------------------------------------------------------------------------------
+
+// Small: m <= 21, the one-addition round of round_half (kHalfEven).
+template <class L, int Mode, bool Small>
+struct BfpLanes {
+  using F = typename L::F;
+  using I = typename L::I;
+  using Params = BfpScale<F>;
+  static constexpr bool kSubBlocks = false;
+  int m;
+  MXOPS_VINL I key(F x) const { return finite_exponent(f2u(x)); }
+  MXOPS_VINL Params params(I s, I) const {
+    if (L::all(pow2_pair_normal(bfp_scale_exponent(s, m)))) return bfp_scale<true>(s, m);
+    return bfp_scale(s, m);
+  }
+  MXOPS_VINL F apply(F x, const Params& p) const { return to_bfp_element<Mode, Small>(x, p); }
+  MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
+};
+
+template <class L, int Mode>
+struct PrimeLanes {
+  using F = typename L::F;
+  using I = typename L::I;
+  struct Params {
+    BfpPrimeParams<F> core;
+    bool by_addition;  // kHalfEven and bfp_prime_addition_exact in every lane
+  };
+  static constexpr bool kSubBlocks = true;
+  int m, sub_block_size, shift_bits;
+  MXOPS_VINL I key(F x) const { return exponent_field(f2u(x)); }
+  MXOPS_VINL Params params(I s, I sub) const {
+    Params p;
+    p.core = bfp_prime_params(s, sub, shift_bits, m);
+    p.by_addition = Mode == kHalfEven && L::all(bfp_prime_addition_exact(p.core));
+    return p;
+  }
+  MXOPS_VINL F apply(F x, const Params& p) const {
+    if (p.by_addition) return bfp_prime_element_by_addition(x, p.core);
+    return bfp_prime_element<Mode>(x, p.core, m);
+  }
+  MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
+};
+
+template <class L, int Mode, int Kind>
+struct MxLanes {
+  using F = typename L::F;
+  using I = typename L::I;
+  using Params = MxScale<F>;
+  static constexpr bool kSubBlocks = false;
+  MxElement element;
+  MXOPS_VINL I key(F x) const { return finite_exponent(f2u(x)); }
+  MXOPS_VINL Params params(I s, I) const {
+    if (L::all(pow2_pair_normal(mx_scale_exponent(s, element.emax)))) return mx_scale<true>(s, element.emax);
+    return mx_scale(s, element.emax);
+  }
+  MXOPS_VINL F apply(F x, const Params& p) const { return mx_element<Mode, Kind>(x, p, element); }
+  MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
+};
+
+// ------------------------------------------------------------------------------------------
+// The walker
+// ------------------------------------------------------------------------------------------
+
+template <class L, class IO, bool Bf16First, class Pol>
+struct Walker {
+  using T = typename IO::T;
+  using F = typename L::F;
+  using I = typename L::I;
+  using Params = typename Pol::Params;
+  static constexpr int W = L::W;
+  static constexpr int64_t kTileVectors = kTileColumns / W;
+
+  const T* x;
+  T* y;
+  int64_t length, inner, bs, sub;
+  Pol pol;
+
+  // bfloat16 rounding first can turn a NaN into Inf, so float16 NaNs are widened exactly there.
+  static MXOPS_VINL F load(const T* p) {
+    const F f = L::template load<IO, Bf16First && std::is_same_v<IO, Float16>>(p);
+    if constexpr (Bf16First) return bf16_round_bits(f);
+    return f;
+  }
+  static MXOPS_VINL void store(T* p, F v) { L::template store<IO>(p, v); }
+
+  static MXOPS_VINL void prefetch(const T* p, T* q) {
+    __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, 3);
+    __builtin_prefetch(reinterpret_cast<char*>(q) + kPrefetchBytes, 1, 3);
+  }
+
+  // The walker of the same op one element per lane, for the tails of a vector walk.
+  auto scalar() const {
+    return Walker<ScalarLanes, IO, Bf16First, decltype(pol.scalar())>{x, y, length, inner, bs, sub,
+                                                                      pol.scalar()};
+  }
+
+  // One block of `n` elements `stride` apart from `base`, a lane per element (W == 1).
+  void block(int64_t base, int64_t n, int64_t stride) const {
+    I s = 0;
+    for (int64_t j = 0; j < n; ++j) s = imax(s, pol.key(load(x + base + j * stride)));
+    const int64_t step = Pol::kSubBlocks ? sub : n;
+    for (int64_t j0 = 0; j0 < n; j0 += step) {
+      const int64_t j1 = min64(n, j0 + step);
+      I sm = 0;
+      if constexpr (Pol::kSubBlocks)
+        for (int64_t j = j0; j < j1; ++j) sm = imax(sm, pol.key(load(x + base + j * stride)));
+      const Params prm = pol.params(s, sm);
+      for (int64_t j = j0; j < j1; ++j) store(y + base + j * stride, pol.apply(load(x + base + j * stride), prm));
+    }
+  }
+
+  // Blocked axis innermost, blocks of a power-of-two size and (to_bfp_prime) sub-blocks of a
+  // power of two <= W: `n` elements from `base`, the last partial group by the scalar walker.
+  void contiguous_groups(int64_t base, int64_t n) const {
+    // Locals: the vector stores may alias anything reachable through `this`, which would
+    // reload every policy constant after each store.
+    const Pol pol = this->pol;
+    const T* const px = x + base;
+    T* const py = y + base;
+    const int64_t bs = this->bs;
+    const int64_t group = bs > W ? bs : W;
+    const int64_t n_simd = n / group * group;
+    const int steps = log2_exact(min64(bs, W));
+    const int sub_steps = Pol::kSubBlocks ? log2_exact(sub) : steps;
+    if (bs >= W) {
+      const int64_t nv = bs / W;
+      for (int64_t g = 0; g < n_simd; g += group) {
+        prefetch(px + g, py + g);
+        I s = pol.key(load(px + g));
+        for (int64_t i = 1; i < nv; ++i) {
+          prefetch(px + g + i * W, py + g + i * W);
+          s = imax(s, pol.key(load(px + g + i * W)));
+        }
+        s = L::group_max(s, steps);
+        if constexpr (Pol::kSubBlocks) {
+          for (int64_t i = 0; i < nv; ++i) {
+            const F v = load(px + g + i * W);
+            store(py + g + i * W, pol.apply(v, pol.params(s, L::group_max(pol.key(v), sub_steps))));
+          }
+        } else {
+          const Params p = pol.params(s, s);
+          for (int64_t i = 0; i < nv; ++i) store(py + g + i * W, pol.apply(load(px + g + i * W), p));
+        }
+      }
+    } else {
+      for (int64_t g = 0; g < n_simd; g += W) {
+        prefetch(px + g, py + g);
+        const F v = load(px + g);
+        const I k0 = pol.key(v);
+        const I s = L::group_max(k0, steps);
+        const I sm = Pol::kSubBlocks ? L::group_max(k0, sub_steps) : s;
+        store(py + g, pol.apply(v, pol.params(s, sm)));
+      }
+    }
+    const auto tail = scalar();
+    for (int64_t j0 = n_simd; j0 < n; j0 += bs) tail.block(base + j0, min64(bs, n - j0), 1);
+  }
+
+  // Blocked axis outer: the block of `n` rows `inner` apart from `base`, over `cols`
+  // neighbouring columns, W columns per vector; the columns left over by the scalar walker.
+  void strided_tile(int64_t base, int64_t n, int64_t cols) const {
+    const Pol pol = this->pol;
+    const T* const px = x + base;
+    T* const py = y + base;
+    const int64_t inner = this->inner, sub = this->sub;
+    const int64_t nv = cols / W;
+    I s[kTileVectors], sm[kTileVectors];
+    Params prm[kTileVectors];
+    for (int64_t v = 0; v < nv; ++v) s[v] = pol.key(load(px + v * W));
+    for (int64_t j = 1; j < n; ++j) {
+      const T* row = px + j * inner;
+      for (int64_t v = 0; v < nv; ++v) s[v] = imax(s[v], pol.key(load(row + v * W)));
+    }
+    // the next tile of these rows, for reading and for writing, while this one is computed
+    if (cols == kTileColumns && base % inner + 2 * kTileColumns <= inner) {
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 2);
+          __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
+        }
+    }
+    const int64_t step = Pol::kSubBlocks ? sub : n;
+    for (int64_t a = 0; a < n; a += step) {
+      const int64_t b = min64(n, a + step);
+      if constexpr (Pol::kSubBlocks) {
+        for (int64_t v = 0; v < nv; ++v) sm[v] = pol.key(load(px + a * inner + v * W));
+        for (int64_t j = a + 1; j < b; ++j) {
+          const T* row = px + j * inner;
+          for (int64_t v = 0; v < nv; ++v) sm[v] = imax(sm[v], pol.key(load(row + v * W)));
+        }
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], sm[v]);
+      } else {
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
+      }
+      for (int64_t j = a; j < b; ++j) {
+        const T* row = px + j * inner;
+        T* out = py + j * inner;
+        for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
+      }
+    }
+    if constexpr (W > 1)
+      if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
+  }
+
+  // Work units [u0, u1) of plan_units(); outer rows are `length * inner` elements apart.
+  void run(const UnitPlan& plan, int64_t u0, int64_t u1) const {
+    if (inner == 1) {
+      const int64_t per_row = (length + plan.chunk - 1) / plan.chunk;
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t row = u / per_row, c0 = (u % per_row) * plan.chunk;
+        const int64_t base = row * length + c0, n = min64(plan.chunk, length - c0);
+        if constexpr (W == 1) {
+          for (int64_t j0 = 0; j0 < n; j0 += bs) block(base + j0, min64(bs, n - j0), 1);
+        } else {
+          contiguous_groups(base, n);
+        }
+      }
+      return;
+    }
+    const int64_t tiles = (inner + kTileColumns - 1) / kTileColumns;
+    const int64_t blocks = (length + bs - 1) / bs;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t tile = u % tiles, blk = (u / tiles) % blocks, o = u / (tiles * blocks);
+      const int64_t j0 = blk * bs, col0 = tile * kTileColumns;
+      strided_tile((o * length + j0) * inner + col0, min64(bs, length - j0),
+                   min64(kTileColumns, inner - col0));
+    }
+  }
+};
+
+// Whether the walker with W lanes handles this op and geometry (else the scalar one does).
+template <int W>
+MXOPS_VINL bool vector_walk_supported(const QdqParams& p, const Geometry& g) {
+  if (g.inner > 1) return g.inner >= W;
+  if (!power_of_two(p.block_size) || p.block_size > kChunk) return false;
+  return p.method != Method::kToBfpPrime || (power_of_two(p.sub_block_size) && p.sub_block_size <= W);
+}
+
+// The one dispatch from runtime parameters to a walker: calls fn(walker) with the walker of
+// lanes L that `p` and `t` select.
+template <class L, class Fn>
+void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g, Fn&& fn) {
+  auto with_io = [&](auto io_tag, auto pol) {
+    using IO = decltype(io_tag);
+    using T = typename IO::T;
+    auto go = [&](auto bf16_first) {
+      fn(Walker<L, IO, decltype(bf16_first)::value, decltype(pol)>{
+          static_cast<const T*>(x), static_cast<T*>(y), g.length, g.inner, p.block_size,
+          p.method == Method::kToBfpPrime ? p.sub_block_size : p.block_size, pol});
+    };
+    if (p.method != Method::kMx && p.bf16_first) go(std::true_type{});
+    else go(std::false_type{});
+  };
+  auto with_policy = [&](auto pol) {
+    switch (t) {
+      case DType::kFloat32: with_io(Float32{}, pol); break;
+      case DType::kFloat16: with_io(Float16{}, pol); break;
+      case DType::kBFloat16: with_io(BFloat16{}, pol); break;
+    }
+  };
+  auto with_mode = [&](auto mode_tag) {
+    constexpr int kMode = decltype(mode_tag)::value;
+    switch (p.method) {
+      case Method::kToBfp:
+        if (kMode == kHalfEven && p.mantissa_bits <= 21) with_policy(BfpLanes<L, kMode, true>{p.mantissa_bits});
+        else with_policy(BfpLanes<L, kMode, false>{p.mantissa_bits});
+        break;
+      case Method::kToBfpPrime:
+        with_policy(PrimeLanes<L, kMode>{p.mantissa_bits, p.sub_block_size, p.sub_block_shift_bits});
+        break;
+      case Method::kMx:
+        if (p.element.is_int) with_policy(MxLanes<L, kMode, kMxIntElement>{p.element});
+        else if constexpr (kMode == kHalfEven)  // floating elements ignore the rounding mode
+          with_policy(MxLanes<L, kMode, kMxFloatElement>{p.element});
+        break;
+    }
+  };
+  const bool float_mx = p.method == Method::kMx && !p.element.is_int;
+  switch (float_mx ? 2 : p.rounding_mode) {
+    case 0: with_mode(std::integral_constant<int, 0>{}); break;
+    case 1: with_mode(std::integral_constant<int, 1>{}); break;
+    default: with_mode(std::integral_constant<int, 2>{}); break;
+  }
+}
+
+}  // namespace
+}  // namespace mxops::cpu

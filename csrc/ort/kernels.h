@@ -1,0 +1,214 @@
+// The ONNX Runtime front end: one kernel type per op family, templated on the execution
+// provider's backend, so each provider's kernels are registered side by side and no Compute
+// asks which provider it runs on. A Backend is a struct with
+//
+//   static const char* provider();                  // ORT's execution provider name
+//   static void quantize_dequantize(OrtKernelContext*, const std::string& label,
+//                                   const QdqParams&, DType, const void* x, void* y,
+//                                   const Geometry&);
+//   static void bf16_quantize_linear(OrtKernelContext*, const std::string& label,
+//                                    const float* x, const float* scale,
+//                                    const uint16_t* zero_point, bool per_channel,
+//                                    const Geometry&, uint16_t* y);
+//   static void bf16_dequantize_linear(... const uint16_t* y, ... float* x);
+//
+// (cpu_backend.h, gpu_backend.h in this folder). Kernels hold only validated, immutable
+// parameters: one session may run on many threads and with changing input ranks.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common/params.h"
+
+namespace mxops::ort {
+
+const OrtApi& api();
+
+// "Op (node 'name')", or "Op" for an unnamed node.
+std::string node_label(const OrtKernelInfo* info, const char* op);
+
+// The node's attributes through the kernel info: typed probes, and a search for names close
+// to the known ones (ONNX Runtime's C API cannot list a node's attributes).
+AttributeSource node_attributes(const OrtKernelInfo* info);
+
+DType dtype_of(ONNXTensorElementDataType t, const std::string& label);
+
+OrtStatusPtr to_status(const std::string& message, OrtErrorCode code = ORT_INVALID_ARGUMENT);
+
+// Runs `f` and turns every exception into an ORT status: nothing escapes into ORT.
+template <class F>
+OrtStatusPtr guarded(const std::string& label, F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (const InvalidArgument& e) {
+    return to_status(e.message);
+  } catch (const Ort::Exception& e) {
+    return to_status(label + ": " + e.what(), e.GetOrtErrorCode());
+  } catch (const std::exception& e) {
+    return to_status(label + ": " + e.what(), ORT_FAIL);
+  } catch (...) {
+    return to_status(label + ": unknown error", ORT_FAIL);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// BFPQuantizeDequantize / MXQuantizeDequantize (and their legacy names)
+// ------------------------------------------------------------------------------------------
+
+template <class Backend>
+struct BlockKernel {
+  std::string label;
+  QdqParams params;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) const {
+    return guarded(label, [&] {
+      Ort::KernelContext ctx(context);
+      Ort::ConstValue input = ctx.GetInput(0);
+      const auto info = input.GetTensorTypeAndShapeInfo();
+      const DType t = dtype_of(info.GetElementType(), label);
+      const std::vector<int64_t> shape = info.GetShape();
+      const Geometry g = make_geometry(label, shape, params.axis);
+      Ort::UnownedValue output = ctx.GetOutput(0, shape);
+      if (g.num_elements == 0) return;
+      Backend::quantize_dequantize(context, label, params, t, input.GetTensorRawData(),
+                                   output.GetTensorMutableRawData(), g);
+    });
+  }
+};
+
+template <class Backend>
+struct BlockOp : Ort::CustomOpBase<BlockOp<Backend>, BlockKernel<Backend>, true> {
+  BlockOp(const OpSpec& spec, ONNXTensorElementDataType type) : spec_(spec), type_(type) {}
+
+  OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const {
+    std::string label = spec_.name;
+    return guarded(label, [&] {
+      label = node_label(info, spec_.name);
+      const QdqParams params = parse_block_attributes(spec_.kind, label, node_attributes(info));
+      *kernel = new BlockKernel<Backend>{label, params};
+    });
+  }
+
+  const char* GetName() const { return spec_.name; }
+  const char* GetExecutionProviderType() const { return Backend::provider(); }
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return type_; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return type_; }
+
+ private:
+  OpSpec spec_;
+  ONNXTensorElementDataType type_;
+};
+
+// ------------------------------------------------------------------------------------------
+// ExtendedQuantizeLinear / ExtendedDequantizeLinear with a bfloat16 zero point
+// ------------------------------------------------------------------------------------------
+
+// Per tensor (one scale) or per channel (one scale per index of `axis`); sets per_channel.
+Geometry channel_geometry(const std::string& label, int64_t axis, const std::vector<int64_t>& shape,
+                          int64_t n_scale, int64_t n_zero_point, bool& per_channel);
+
+template <class Backend>
+struct LinearKernel {
+  std::string label;
+  int64_t axis;
+  OpKind kind;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) const {
+    return guarded(label, [&] {
+      Ort::KernelContext ctx(context);
+      Ort::ConstValue input = ctx.GetInput(0);
+      Ort::ConstValue scale = ctx.GetInput(1);
+      Ort::ConstValue zero_point = ctx.GetInput(2);
+      const std::vector<int64_t> shape = input.GetTensorTypeAndShapeInfo().GetShape();
+      bool per_channel = false;
+      const Geometry g = channel_geometry(label, axis, shape,
+                                          scale.GetTensorTypeAndShapeInfo().GetElementCount(),
+                                          zero_point.GetTensorTypeAndShapeInfo().GetElementCount(),
+                                          per_channel);
+      Ort::UnownedValue output = ctx.GetOutput(0, shape);
+      if (g.num_elements == 0) return;
+      const float* s = scale.GetTensorData<float>();
+      const auto* zp = static_cast<const uint16_t*>(zero_point.GetTensorRawData());
+      if (kind == OpKind::kBf16Quantize)
+        Backend::bf16_quantize_linear(context, label, input.GetTensorData<float>(), s, zp, per_channel, g,
+                                      static_cast<uint16_t*>(output.GetTensorMutableRawData()));
+      else
+        Backend::bf16_dequantize_linear(context, label, static_cast<const uint16_t*>(input.GetTensorRawData()),
+                                        s, zp, per_channel, g, output.GetTensorMutableData<float>());
+    });
+  }
+};
+
+template <class Backend>
+struct LinearOp : Ort::CustomOpBase<LinearOp<Backend>, LinearKernel<Backend>, true> {
+  explicit LinearOp(const OpSpec& spec) : spec_(spec) {}
+
+  OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const {
+    std::string label = spec_.name;
+    return guarded(label, [&] {
+      label = node_label(info, spec_.name);
+      const int64_t axis = parse_linear_attributes(spec_.kind, label, node_attributes(info));
+      *kernel = new LinearKernel<Backend>{label, axis, spec_.kind};
+    });
+  }
+
+  const char* GetName() const { return spec_.name; }
+  const char* GetExecutionProviderType() const { return Backend::provider(); }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    if (i == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (i == 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+    return quantize() ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const {
+    return quantize() ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+
+ private:
+  bool quantize() const { return spec_.kind == OpKind::kBf16Quantize; }
+  OpSpec spec_;
+};
+
+// ------------------------------------------------------------------------------------------
+// The registry: built once, kept for the life of the process (ORT holds raw pointers).
+// ------------------------------------------------------------------------------------------
+
+struct Registry {
+  std::vector<std::unique_ptr<OrtCustomOp>> ops;
+  std::vector<std::pair<std::string, OrtCustomOpDomain*>> domains;
+
+  OrtCustomOpDomain* domain(const char* name);
+  void add(const char* domain_name, std::unique_ptr<OrtCustomOp> op);
+
+  // Every op of the catalogue for one execution provider; block ops once per input type so
+  // that ORT's type inference gives the output the input's type.
+  template <class Backend>
+  void add_provider() {
+    const ONNXTensorElementDataType types[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                                               ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+                                               ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16};
+    for (const OpSpec& spec : op_catalogue()) {
+      if (spec.kind == OpKind::kBfp || spec.kind == OpKind::kMx) {
+        for (auto type : types) add(spec.domain, std::make_unique<BlockOp<Backend>>(spec, type));
+      } else {
+        add(spec.domain, std::make_unique<LinearOp<Backend>>(spec));
+      }
+    }
+  }
+};
+
+// Registers the kernels of every execution provider this library serves (defined once per
+// library: providers_cpu.cc, providers_gpu.cc).
+void add_providers(Registry& registry);
+
+}  // namespace mxops::ort
