@@ -238,8 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.analyze and args.auto_mixed_precision:
         parser.error("--analyze and --auto-mixed-precision are separate runs")
     if args.config is None and not (args.analyze or searched):
-        parser.error("the following arguments are required: --config (or --tensor, "
-                     "--analyze, --auto-mixed-precision)")
+        parser.error("the following arguments are required: --config (or --tensor); or "
+                     "--analyze / --auto-mixed-precision")
     if args.output is None and not args.analyze:
         parser.error("the following arguments are required: output (except with --analyze)")
     if args.analyze or searched:
