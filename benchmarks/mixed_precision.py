@@ -29,6 +29,7 @@ import numpy as np
 from ort_mx_ops.quantizer.demo import OcrTask, _characters, find_rapidocr_recognizer
 from ort_mx_ops.quantizer.mixed_precision import auto_mixed_precision, DEFAULT_CANDIDATES
 from ort_mx_ops.quantizer.ocr_data import load_fonts, preprocess, render_lines
+from ort_mx_ops.quantizer.sensitivity import SensitivityReport
 
 
 class ListReader:
@@ -124,6 +125,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--eval", type=int, default=100, help="held-out samples")
     p.add_argument("--out", default="bench-results/mixed_precision")
     p.add_argument("--heatmap", action="store_true", help="also write the sensitivity PNG")
+    p.add_argument("--sensitivity-json", metavar="FILE",
+                   help="reuse the sensitivity a previous run of the same model, data and "
+                        "candidates saved")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
 
@@ -154,7 +158,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    "latency_x_float": 1.0}]
     if args.model == "ocr":
         rows[0].update(task.metrics(ref, ref))
-    report = None  # computed by the first search, reused by the next targets
+    # Computed by the first search (or loaded), reused by the next targets.
+    report = SensitivityReport.load_json(args.sensitivity_json, args.metric) \
+        if args.sensitivity_json else None
     with tempfile.TemporaryDirectory() as tmp:
         for target in args.targets:
             out = os.path.join(tmp, f"{args.model}_{target}.onnx")

@@ -482,6 +482,23 @@ class SensitivityReport:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.as_dict(), f, indent=2)
 
+    @classmethod
+    def load_json(cls, path: str, metric: Union[str, Callable] = "top1") -> "SensitivityReport":
+        """A report saved by :meth:`save_json` (for ``auto_mixed_precision(sensitivity=...)``
+        on the same model, placement and candidates); the losses come from the saved values
+        (without the noise tie-break)."""
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+        m = resolve_metric(metric)
+        if m.name != d["metric"]:
+            raise ValueError(f"{path} holds {d['metric']} values, not {m.name}")
+        sites = [MixedSite(i, e["tensor"], e["kind"], e["axis"], False, e["layers"],
+                           e["op_types"], e["numel"]) for i, e in enumerate(d["sites"])]
+        fidelity = [dict(e["fidelity"]) for e in d["sites"]]
+        return cls(d["metric"], d["candidates"], d["bits"], sites, fidelity, d["batches"],
+                   d["samples"], d["seconds"],
+                   [{k: max(m.loss(v), 0.0) for k, v in row.items()} for row in fidelity])
+
     def save_heatmap(self, path: str) -> None:
         """A PNG heat map, tensors (ranked) down, formats across, weights and activations
         side by side.  Needs matplotlib (the ``bench`` extra)."""
