@@ -125,6 +125,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--eval", type=int, default=100, help="held-out samples")
     p.add_argument("--out", default="bench-results/mixed_precision")
     p.add_argument("--heatmap", action="store_true", help="also write the sensitivity PNG")
+    p.add_argument("--objective", choices=["total", "weights"], default="total",
+                   help="what the search minimises (see auto_mixed_precision)")
     p.add_argument("--sensitivity-json", metavar="FILE",
                    help="reuse the sensitivity a previous run of the same model, data and "
                         "candidates saved")
@@ -167,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             s = auto_mixed_precision(model, out, ListReader(calib), args.candidates, target,
                                      args.metric, progress=True, max_batch=8,
                                      sensitivity_batches=args.sensitivity_batches,
-                                     sensitivity=report)
+                                     sensitivity=report, objective=args.objective)
             if report is None:
                 report = s.sensitivity
                 print(report.table(limit=15))

@@ -111,7 +111,7 @@ class _Move:
 
 
 def _moves(trial: TrialModel, report: SensitivityReport, start: list[Optional[FormatSpec]],
-           totals: dict[str, int]) -> list[_Move]:
+           totals: dict[str, int], objective: str = "total") -> list[_Move]:
     """Every (site, cheaper candidate) move, ranked by loss alone per averaged bit saved."""
     moves = []
     for site in trial.sites:
@@ -121,12 +121,14 @@ def _moves(trial: TrialModel, report: SensitivityReport, start: list[Optional[Fo
                 continue
             loss = report.losses[site.index].get(name_of(spec), 0.0) if spec else 0.0
             saved = (bits_of(top) - bits_of(spec)) * site.numel / max(totals[site.kind], 1)
+            if objective == "weights" and site.kind == "activation":
+                saved *= 1e-6  # activations go down only after every weight move was tried
             moves.append(_Move(site.index, spec, loss, (loss + 1e-12) / max(saved, 1e-12)))
     return sorted(moves, key=lambda m: (m.score, bits_of(m.spec)))
 
 
 def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[FormatSpec]],
-            target: Optional[float], progress: bool) -> tuple[list, list[tuple[int, Any, Any]]]:
+            target: Optional[float], progress: bool, objective: str = "total") -> tuple[list, list[tuple[int, Any, Any]]]:
     """Greedy descent from ``start`` (see module docs).  Returns the assignment and the
     accepted moves in order (site, previous format, new format), for backtracking."""
     totals = {k: sum(s.numel for s in trial.sites if s.kind == k)
@@ -134,7 +136,7 @@ def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[F
     metric = trial.metric
     current = list(start)
     history: list[tuple[int, Any, Any]] = []
-    pending = _moves(trial, report, start, totals)
+    pending = _moves(trial, report, start, totals, objective)
     failed: dict[int, list[_Move]] = {}
 
     def meets(value: float) -> bool:
@@ -245,6 +247,7 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
                          metric: Union[str, Callable] = "top1", *, progress: bool = False,
                          max_batch: int = 32, sensitivity_batches: Optional[int] = None,
                          sensitivity: Optional[SensitivityReport] = None,
+                         objective: str = "total",
                          **options: Any) -> MixedPrecisionSummary:
     """Quantize ``model_input`` with a format per tensor from ``candidates`` (format names,
     FormatSpecs, ``"float"``; or a preset name of :data:`MIXED_CONFIGS`) so that ``metric``
@@ -260,7 +263,9 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     ``nodes_to_exclude``, ``fold_weights``, ...).  Calibration batches of equal shape are
     stacked up to ``max_batch`` samples; the sensitivity pass, which ranks the moves, may use
     only the first ``sensitivity_batches`` (faster; every check of the target uses all).
-    ``sensitivity``: a report of :func:`~.sensitivity.analyze_sensitivity` on the same model,
+    ``objective``: ``"total"`` (default) minimises ``weight_bits + activation_bits``;
+    ``"weights"`` spends the fidelity budget on weights first (the fewest weight bits,
+    activations lowered only where the target still allows).  ``sensitivity``: a report of :func:`~.sensitivity.analyze_sensitivity` on the same model,
     data, candidates and metric, to skip that pass.
 
     Returns a :class:`MixedPrecisionSummary`: the usual summary plus ``weight_bits``,
@@ -269,6 +274,8 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     the most precise candidates miss the target, the most precise assignment is written
     and ``met`` is False."""
     start_time = time.perf_counter()
+    if objective not in ("total", "weights"):
+        raise ValueError(f"objective must be 'total' or 'weights', got {objective!r}")
     if isinstance(candidates, str):
         key = candidates.upper()
         if key not in MIXED_CONFIGS:
@@ -301,7 +308,7 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
                   file=sys.stderr)
         assignment, history = start, []
     else:
-        assignment, history = _search(trial, report, start, target, progress)
+        assignment, history = _search(trial, report, start, target, progress, objective)
     summary, achieved = _verify(model_input, trial, assignment, options)
     if target is not None and achieved < target and history:
         # The written model misses what the trial model met (onnxruntime fuses and orders

@@ -300,3 +300,14 @@ def test_cli_analyze_and_auto_mixed_precision(tmp_path, capsys):
     assert "calibration_data_reader" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(model), "--calib", calib])  # neither --config nor a search
+
+
+def test_weights_objective_spends_the_budget_on_weights_first():
+    cands = ["MXFP4E2M1", "MXFP6E2M3", "MXINT8", "BF16"]
+    total = auto_mixed_precision(conv_model(), None, Reader(CONV_IN), cands, 0.999, "cosine")
+    weights = auto_mixed_precision(conv_model(), None, Reader(CONV_IN), cands, 0.999,
+                                   "cosine", objective="weights")
+    assert total.met and weights.met and weights.achieved >= 0.999
+    assert weights.weight_bits < total.weight_bits  # 6.56 vs 8.25 on this model
+    with pytest.raises(ValueError, match="objective"):
+        auto_mixed_precision(conv_model(), None, Reader(CONV_IN), cands, 0.99, objective="size")
