@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "tensor in its cheapest candidate)")
     amp.add_argument("--metric", default="top1", metavar="NAME",
                      help="top1, cosine, sqnr, or MODULE:CALLABLE (default %(default)s)")
+    amp.add_argument("--objective", choices=["total", "weights"], default="total",
+                     help="minimise weight_bits + activation_bits (total) or weight bits "
+                          "first (weights)")
     amp.add_argument("--sensitivity-batches", type=_positive_int, default=None, metavar="N",
                      help="rank with the first N stacked calibration batches only (faster)")
     amp.add_argument("--max-batch", type=_positive_int, default=32, metavar="N",
@@ -221,7 +224,8 @@ def _run_amp(args: argparse.Namespace, reader, placement: dict):
     return auto_mixed_precision(args.input, args.output, reader, candidates, args.target,
                                 _metric(args.metric), progress=not args.quiet,
                                 max_batch=args.max_batch,
-                                sensitivity_batches=args.sensitivity_batches, **placement)
+                                sensitivity_batches=args.sensitivity_batches,
+                                objective=args.objective, **placement)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
