@@ -1,11 +1,17 @@
 """``ort-mx-quantize INPUT OUTPUT --config NAME``: the quantizer on the command line.
 
-Calibration data (needed for ``--bf16-activation-scaled`` and the accuracy algorithms:
-``--weight-rounding gptq``, ``--fast-finetune`` or a ``*_ADAQUANT`` config, ``--bias-correction``)
-comes from ``--calib``, an
-.npz whose arrays are named after the model inputs with samples along axis 0 (one batch of
+Calibration data (needed for ``--bf16-activation-scaled``, ``--analyze``,
+``--auto-mixed-precision`` and the accuracy algorithms: ``--weight-rounding gptq``,
+``--fast-finetune`` or a ``*_ADAQUANT`` config, ``--bias-correction``) comes from ``--calib``,
+an .npz whose arrays are named after the model inputs with samples along axis 0 (one batch of
 one sample each), or from ``--calib-reader module:callable`` returning a
 ``CalibrationDataReader``.
+
+``--analyze`` prints the per-tensor sensitivity table (no OUTPUT needed; ``--analysis-json``
+and ``--heatmap`` write it).  ``--auto-mixed-precision --candidates A B ... --target T
+--metric top1|cosine|sqnr`` searches a format per tensor (``--config BF16_MIXED_BFP16`` or
+``BF16_MIXED_MXINT8`` run the same search over Quark's preset pair; ``MX9_INT8`` is MX9
+activations over MXINT8 weights).
 """
 from __future__ import annotations
 
@@ -20,8 +26,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .calibration import NpzReader
-from .config import config_names, DEFAULT_OP_TYPES, PLACEMENTS, WEIGHT_STORAGES
+from .config import (config_names, DEFAULT_OP_TYPES, PLACEMENTS, MIXED_FORMAT_CONFIGS,
+                     WEIGHT_STORAGES)
 from .quantize import check_output, quantize_model
+from .mixed_precision import DEFAULT_CANDIDATES, MIXED_CONFIGS, auto_mixed_precision
+from .sensitivity import analyze_sensitivity
 
 __all__ = ["main", "NpzReader"]
 
@@ -55,11 +64,13 @@ def _fail(message: object) -> int:
     return 2
 
 
-def _config_name(allow_none: bool):
-    """An argparse type: a built-in config name (or "none" where allowed)."""
+def _config_name(allow_none: bool, mixed: bool = False):
+    """An argparse type: a built-in config name (or "none" where allowed; with ``mixed``
+    also the named mixed configs)."""
     def check(name: str) -> str:
         valid = config_names() + config_names(adaquant=True) + \
-            (["none"] if allow_none else [])
+            (["none"] if allow_none else []) + (
+            list(MIXED_FORMAT_CONFIGS) + list(MIXED_CONFIGS) if mixed else [])
         if name.upper() not in {v.upper() for v in valid}:
             raise argparse.ArgumentTypeError(f"unknown config {name!r}; choose one of "
                                              f"{', '.join(valid)}")
@@ -135,10 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
         "must exist; every error is one line on stderr with exit status 2.", epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="float ONNX model")
-    p.add_argument("output", help="where to write the quantized model (never the input)")
-    p.add_argument("--config", metavar="NAME", type=_config_name(False),
+    p.add_argument("output", nargs="?",
+                   help="where to write the quantized model (never the input; not with "
+                        "--analyze)")
+    p.add_argument("--config", metavar="NAME", type=_config_name(False, mixed=True),
                    help=f"format for activations and weights: {', '.join(config_names())}; "
-                        "NAME_ADAQUANT (e.g. MX6_ADAQUANT) adds fast finetune (needs --calib)")
+                        "NAME_ADAQUANT (e.g. MX6_ADAQUANT) adds fast finetune (needs --calib); "
+                        f"or {', '.join(MIXED_FORMAT_CONFIGS)}, {', '.join(MIXED_CONFIGS)} "
+                        "(searched, see --target)")
     p.add_argument("--tensor", action="append", metavar="NAME=CONFIG[:axis=N]",
                    help="a node on this tensor only, no automatic placement (repeatable; "
                         "replaces --config; without :axis=N the tensor's reader chooses the "
@@ -196,6 +211,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/quantizer.md)")
     p.add_argument("--nchwc-shape", action="append", default=[], metavar="NAME=D0xD1...",
                    help="with --nchwc: fix an input's shape (repeatable; fewer nodes)")
+    amp = p.add_argument_group("sensitivity and automatic mixed precision")
+    amp.add_argument("--analyze", action="store_true",
+                     help="print the sensitivity of the output to each tensor in each "
+                          "candidate format (needs --calib); no model is written")
+    amp.add_argument("--auto-mixed-precision", action="store_true",
+                     help="choose a format per tensor from --candidates meeting --target")
+    amp.add_argument("--candidates", nargs="+", metavar="NAME", default=None,
+                     help="formats to choose from ('float' keeps a tensor float); default: "
+                          + " ".join(DEFAULT_CANDIDATES))
+    amp.add_argument("--target", type=float, default=None,
+                     help="fidelity to meet on the calibration data (default: none, every "
+                          "tensor in its cheapest candidate)")
+    amp.add_argument("--metric", default="top1", metavar="NAME",
+                     help="top1, cosine, sqnr, or MODULE:CALLABLE (default %(default)s)")
+    amp.add_argument("--objective", choices=["total", "weights"], default="total",
+                     help="minimise weight_bits + activation_bits (total) or weight bits "
+                          "first (weights)")
+    amp.add_argument("--sensitivity-batches", type=_positive_int, default=None, metavar="N",
+                     help="rank with the first N stacked calibration batches only (faster)")
+    amp.add_argument("--max-batch", type=_positive_int, default=32, metavar="N",
+                     help="stack calibration samples of one shape up to N per run")
+    amp.add_argument("--analysis-json", metavar="FILE", help="--analyze: write the JSON")
+    amp.add_argument("--heatmap", metavar="PNG",
+                     help="--analyze: write a layers x formats heat map (needs matplotlib)")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     p.add_argument("--external-data", action="store_true",
@@ -227,6 +266,41 @@ def _finetune_options(items: list[str]) -> dict:
     return out
 
 
+def _metric(spec: str):
+    """``--metric``: a built-in name, or the callable at MODULE:CALLABLE."""
+    if ":" not in spec:
+        return spec
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--metric: cannot load {spec} ({exc})") from None
+
+
+def _run_amp(args: argparse.Namespace, reader, placement: dict):
+    """--analyze (prints, returns None) or the mixed-precision search (returns the summary)."""
+    preset = args.config.upper() if args.config and args.config.upper() in MIXED_CONFIGS \
+        else None
+    candidates = args.candidates or (MIXED_CONFIGS[preset] if preset else DEFAULT_CANDIDATES)
+    if args.analyze:
+        report = analyze_sensitivity(args.input, reader, candidates, _metric(args.metric),
+                                     progress=not args.quiet, max_batch=args.max_batch,
+                                     batches=args.sensitivity_batches, **placement)
+        print(report.table())
+        if args.analysis_json:
+            report.save_json(args.analysis_json)
+            print(f"wrote {args.analysis_json}")
+        if args.heatmap:
+            report.save_heatmap(args.heatmap)
+            print(f"wrote {args.heatmap}")
+        return None
+    return auto_mixed_precision(args.input, args.output, reader, candidates, args.target,
+                                _metric(args.metric), progress=not args.quiet,
+                                max_batch=args.max_batch,
+                                sensitivity_batches=args.sensitivity_batches,
+                                objective=args.objective, **placement)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ort-mx-quantize``; returns the process exit status."""
     parser = build_parser()
@@ -236,8 +310,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.tensor:
         from .surgery import run_tensor_flags
         return run_tensor_flags(args)
-    if args.config is None:
-        parser.error("the following arguments are required: --config (or --tensor)")
+    searched = args.auto_mixed_precision or (
+        args.config is not None and args.config.upper() in MIXED_CONFIGS)
+    if args.analyze and args.auto_mixed_precision:
+        parser.error("--analyze and --auto-mixed-precision are separate runs")
+    if args.config is None and not (args.analyze or searched):
+        parser.error("the following arguments are required: --config (or --tensor); or "
+                     "--analyze / --auto-mixed-precision")
+    if args.output is None and not args.analyze:
+        parser.error("the following arguments are required: output (except with --analyze)")
+    if args.analyze or searched:
+        placement = dict(op_types_to_quantize=tuple(args.op_types),
+                         nodes_to_exclude=tuple(args.exclude),
+                         quantize_all_op_types=args.all_op_types,
+                         quantize_bias=args.quantize_bias, placement=args.placement)
+        try:
+            reader = None
+            if args.calib:
+                reader = NpzReader(args.calib, args.calib_batch)
+            elif args.calib_reader:
+                reader = _load_reader(args.calib_reader)
+            summary = _run_amp(args, reader, placement)
+        except (ValueError, OSError, RuntimeError, TypeError) as exc:
+            return _fail(exc)
+        if summary is None:
+            return 0
+        return _report(args, summary)
 
     try:
         formats = {k: v for k, v in (("activation", args.activation_config),
@@ -263,6 +361,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reader = NpzReader(args.calib, args.calib_batch)
         elif args.calib_reader:
             reader = _load_reader(args.calib_reader)
+        report = None
         if args.nchwc:
             summary, report = _quantize_nchwc(args, cfg, reader)
         else:
@@ -272,9 +371,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _fail(exc)
     except Exception as exc:  # anything else still ends in one line, not a traceback
         return _fail(f"{type(exc).__name__}: {exc}")
+    return _report(args, summary, report)
+
+
+def _report(args: argparse.Namespace, summary, report=None) -> int:
+    """Print the summary (unless --quiet; with the NCHWc rewrite's ``report`` where one was
+    made) and write --summary-json."""
     if not args.quiet:
         print(summary)
-        if args.nchwc:
+        if report is not None:
             print(f"NCHWc block {report.block}: {len(report.rewritten)} nodes inside the "
                   f"blocked layout, layout conversions {report.reorders_before} -> "
                   f"{report.reorders_after}; {len(report.kept)} kept their conversions")

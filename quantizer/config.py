@@ -158,16 +158,27 @@ class QuantizationConfig:
         return dataclasses.replace(self, **changes)
 
 
+# Named configs with one format on activations and another on weights: (activation, weight).
+# Quark's MX9_INT8 has per-tensor int8 weights, a format the library does not have; ours
+# stores them in MXINT8 (int8 elements with a shared scale per 32).
+MIXED_FORMAT_CONFIGS: dict[str, tuple[str, str]] = {"MX9_INT8": ("MX9", "MXINT8")}
+
+
 def get_config(name: str | QuantizationConfig, **options: Any) -> QuantizationConfig:
     """The built-in configuration ``name`` (the same format on activations and weights) with
     ``options`` applied, or ``name`` itself with the options if it is already a config
     (``<NAME>_ADAQUANT``: the same with ``fast_finetune`` at its defaults); e.g.
-    ``get_config("MXFP4E2M1", activation="MXINT8")`` or ``activation=None`` (weight-only).
+    ``get_config("MXFP4E2M1", activation="MXINT8")`` or ``activation=None`` (weight-only);
+    ``"MX9_INT8"`` (:data:`MIXED_FORMAT_CONFIGS`) is MX9 on activations, MXINT8 on weights.
     Raises ``ValueError`` naming the valid choices for an unknown name."""
     if isinstance(name, QuantizationConfig):
         return name.replace(**options) if options else name
     if not isinstance(name, str):
         raise TypeError(f"config must be a name or a QuantizationConfig, got {type(name)}")
+    pair = MIXED_FORMAT_CONFIGS.get(name.upper())
+    if pair is not None:
+        base = QuantizationConfig(activation=pair[0], weight=pair[1], name=name.upper())
+        return base.replace(**options) if options else base
     spec = FormatSpec.from_name(name)
     if name.upper().endswith(ADAQUANT_SUFFIX):
         plain = get_config(spec.name, **options)

@@ -254,12 +254,20 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     ``bias_correction``.  ``calibration_data_reader`` follows onnxruntime's
     ``CalibrationDataReader``; it is read where a range is needed (BF16 activation
     rescaling) and by the accuracy algorithms, which raise ``ValueError`` naming it when it
-    is missing.
+    is missing.  ``"MX9_INT8"`` is MX9 activations over MXINT8 weights;
+    ``"BF16_MIXED_BFP16"`` / ``"BF16_MIXED_MXINT8"`` run
+    :func:`~.mixed_precision.auto_mixed_precision` over that pair (``target=`` and
+    ``metric=`` in ``options``; without a target every tensor takes the block format).
 
     The output keeps the input's IR version, opsets (``weight_storage="onnx"`` raises them to
     IR 10 / opset 21 where lower), graph inputs, outputs and tensor names,
     imports the custom domains it uses at version 1, passes ``onnx.checker``, and is never
     written over the input file.  Returns a :class:`QuantizationSummary`."""
+    if isinstance(config, str) and config.upper() in ("BF16_MIXED_BFP16", "BF16_MIXED_MXINT8"):
+        # Quark's searched presets: the mixed-precision search over the preset's pair.
+        from .mixed_precision import auto_mixed_precision
+        return auto_mixed_precision(model_input, model_output, calibration_data_reader,
+                                    config, progress=progress, **options)
     start = time.perf_counter()
     cfg = get_config(config, **options)
     if model_output is not None:
