@@ -160,7 +160,6 @@ class OpHandler:
     def weight_layout(self, name: str, axis: int, reason: str) -> tuple[int, str, bool]:
         """The weight's block axis when its preferred ``axis`` is 1 long (and whether to
         flatten it): its longest fixed axis."""
-        shape = self.view.shape.get(name) or ()
         alt = feature_axis(self.view, name, exclude=axis, is_weight=True)
         if alt is not None:
             return alt, f"{self.node.op_type} weight: axis {axis} is 1 long; blocked along " \

@@ -115,7 +115,6 @@ class Layer:
         """Inverse of :meth:`weight_matrix` (and its adjoint: it only moves elements)."""
         g = self.groups
         if self.op == "Conv":
-            co = self.weight_shape[0]
             return m.transpose(0, 2, 1).reshape(self.weight_shape)
         if self.op == "ConvTranspose":
             ci, cog = self.weight_shape[0], self.weight_shape[1]
