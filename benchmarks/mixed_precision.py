@@ -212,6 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "activation_bits": s.activation_bits, "latency_x_float": ms / float_ms,
                          "evaluations": s.evaluations, "search_s": s.search_seconds,
                          "formats": _mix(s)})
+            print(f"held out: {rows[-1]}", file=sys.stderr)  # before the next target's search
     keys = list(dict.fromkeys(k for r in rows for k in r if k != "formats"))
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in rows:

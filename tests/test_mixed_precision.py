@@ -393,3 +393,24 @@ def test_gptq_search_scores_the_gptq_rounded_weights():
     with pytest.raises(ValueError, match="weight_rounding"):
         auto_mixed_precision(parallel_model(), None, Correlated(), cands, 30.0, "sqnr",
                              weight_rounding="adaround")
+
+
+def test_cli_auto_mixed_precision_with_gptq(tmp_path):
+    """``--weight-rounding gptq`` reaches the search: the same data in an .npz (one sample
+    per batch, stacked back to 32) writes the weights the API writes."""
+    from ort_mx_ops.quantizer.cli import main
+    model = tmp_path / "par.onnx"
+    onnx.save(parallel_model(), str(model))
+    np.savez(tmp_path / "calib.npz", x=np.concatenate([b["x"] for b in Correlated().all]))
+    assert main([str(model), str(tmp_path / "m.onnx"), "--auto-mixed-precision", "--calib",
+                 str(tmp_path / "calib.npz"), "--candidates", "MXFP4E2M1", "MXINT8",
+                 "--target", "30", "--metric", "sqnr", "--max-batch", "32",
+                 "--weight-rounding", "gptq", "--summary-json", str(tmp_path / "s.json"),
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["weight_rounding"] == "gptq" and summary["weight_bits"] == 6.25
+    api = auto_mixed_precision(parallel_model(), None, Correlated(), ["MXFP4E2M1", "MXINT8"],
+                               30.0, "sqnr", max_batch=32, weight_rounding="gptq")
+    written = onnx.load(str(tmp_path / "m.onnx"))
+    for layer in ("strong", "weak"):
+        np.testing.assert_array_equal(_weight_of(written, layer), _weight_of(api.model, layer))
