@@ -9,6 +9,10 @@
   or upside down).  Lines rendered with their own seeds, half of them turned 180 degrees,
   resized to 48 x 192 as rapidocr does; evaluation: top-1 agreement with float.
 
+``--metric char`` (OCR only) is the search's metric: the character agreement of the CTC
+decoded text with float's, 1 - edit distance / float's length, over the calibration lines.
+``--weight-rounding gptq`` gives the search and the written model GPTQ-rounded weights.
+
 For each target the search runs on the calibration data only; the table reports the
 held-out fidelity, weight_bits, activation_bits and the latency relative to float
 (median of single-sample runs, same process).
@@ -28,7 +32,8 @@ import numpy as np
 
 from ort_mx_ops.quantizer.demo import OcrTask, _characters, find_rapidocr_recognizer
 from ort_mx_ops.quantizer.mixed_precision import auto_mixed_precision, DEFAULT_CANDIDATES
-from ort_mx_ops.quantizer.ocr_data import load_fonts, preprocess, render_lines
+from ort_mx_ops.quantizer.ocr_data import (ctc_greedy_decode, edit_distance, load_fonts,
+                                           preprocess, render_lines)
 from ort_mx_ops.quantizer.sensitivity import SensitivityReport
 
 
@@ -58,6 +63,21 @@ def ocr_calibration(model: str, lines: int, seed: int) -> list[dict[str, np.ndar
     chars = _characters(model, None)
     rendered = render_lines(lines, seed=seed, fonts=load_fonts(), charset=set(chars))
     return [{"x": a} for a in _pad_groups([preprocess(l.image) for l in rendered])]
+
+
+def char_agreement(characters: list[str]):
+    """The search metric ``--metric char``: over every line of every calibration batch,
+    1 - (edit distance of the quantized model's decoded text to float's) / (float's
+    length)."""
+    def char_agreement(float_outputs: list, quantized_outputs: list) -> float:
+        dist = total = 0
+        for f, q in zip(float_outputs, quantized_outputs):
+            for ref, got in zip(ctc_greedy_decode(f[0], characters),
+                                ctc_greedy_decode(q[0], characters)):
+                dist += edit_distance(got, ref)
+                total += len(ref)
+        return 1.0 - dist / max(total, 1)
+    return char_agreement
 
 
 def find_rapidocr_classifier() -> str:
@@ -116,7 +136,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["ocr", "cls"], default="ocr")
     p.add_argument("--targets", type=float, nargs="+", default=[0.99])
-    p.add_argument("--metric", default="top1")
+    p.add_argument("--metric", default="top1",
+                   help="top1, cosine, sqnr, or (ocr) char: see the module docs")
+    p.add_argument("--weight-rounding", choices=["nearest", "gptq"], default="nearest")
     p.add_argument("--candidates", nargs="+", default=list(DEFAULT_CANDIDATES))
     p.add_argument("--calib", type=int, default=24, help="calibration samples")
     p.add_argument("--sensitivity-batches", type=int, default=None,
@@ -153,6 +175,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    for o, r in zip(outs, ref)])) if ref else 1.0
             return {"top1_agreement": agree}
 
+    metric: Any = args.metric
+    if args.metric == "char":
+        if args.model != "ocr":
+            p.error("--metric char is for --model ocr")
+        metric = char_agreement(_characters(model, None))
     ref, float_ms = run_feeds(model, feeds, False, repeats=2)
     rows: list[dict[str, Any]] = [{"target": "float", **score(ref, None if args.model == "ocr"
                                                                else []),
@@ -161,15 +188,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.model == "ocr":
         rows[0].update(task.metrics(ref, ref))
     # Computed by the first search (or loaded), reused by the next targets.
-    report = SensitivityReport.load_json(args.sensitivity_json, args.metric) \
+    report = SensitivityReport.load_json(args.sensitivity_json, metric) \
         if args.sensitivity_json else None
     with tempfile.TemporaryDirectory() as tmp:
         for target in args.targets:
             out = os.path.join(tmp, f"{args.model}_{target}.onnx")
             s = auto_mixed_precision(model, out, ListReader(calib), args.candidates, target,
-                                     args.metric, progress=True, max_batch=8,
+                                     metric, progress=True, max_batch=8,
                                      sensitivity_batches=args.sensitivity_batches,
-                                     sensitivity=report, objective=args.objective)
+                                     sensitivity=report, objective=args.objective,
+                                     weight_rounding=args.weight_rounding)
             if report is None:
                 report = s.sensitivity
                 print(report.table(limit=15))
@@ -184,6 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "activation_bits": s.activation_bits, "latency_x_float": ms / float_ms,
                          "evaluations": s.evaluations, "search_s": s.search_seconds,
                          "formats": _mix(s)})
+            print(f"held out: {rows[-1]}", file=sys.stderr)  # before the next target's search
     keys = list(dict.fromkeys(k for r in rows for k in r if k != "formats"))
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in rows:
@@ -194,6 +223,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with open(os.path.join(args.out, f"{args.model}.json"), "w", encoding="utf-8") as f:
         json.dump({"model": model, "calibration_samples": args.calib,
                    "held_out_samples": args.eval, "metric": args.metric,
+                   "weight_rounding": args.weight_rounding, "objective": args.objective,
                    "candidates": args.candidates, "rows": rows}, f, indent=2)
     return 0
 

@@ -9,7 +9,8 @@ one sample each), or from ``--calib-reader module:callable`` returning a
 
 ``--analyze`` prints the per-tensor sensitivity table (no OUTPUT needed; ``--analysis-json``
 and ``--heatmap`` write it).  ``--auto-mixed-precision --candidates A B ... --target T
---metric top1|cosine|sqnr`` searches a format per tensor (``--config BF16_MIXED_BFP16`` or
+--metric top1|cosine|sqnr`` searches a format per tensor (with ``--weight-rounding gptq``, on GPTQ-rounded weights;
+``--config BF16_MIXED_BFP16`` or
 ``BF16_MIXED_MXINT8`` run the same search over Quark's preset pair; ``MX9_INT8`` is MX9
 activations over MXINT8 weights).
 """
@@ -298,7 +299,8 @@ def _run_amp(args: argparse.Namespace, reader, placement: dict):
                                 _metric(args.metric), progress=not args.quiet,
                                 max_batch=args.max_batch,
                                 sensitivity_batches=args.sensitivity_batches,
-                                objective=args.objective, **placement)
+                                objective=args.objective,
+                                weight_rounding=args.weight_rounding or "nearest", **placement)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

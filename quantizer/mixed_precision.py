@@ -16,6 +16,12 @@ small as the search can make it:
    the calibration data; if it misses the target, the latest moves are undone until it
    meets it.
 
+With ``weight_rounding="gptq"`` the trial model's weights in each cheaper format are the
+GPTQ-rounded ones (:func:`~.tuning.tune_model` for that format on every weight, activations
+float), so the sensitivity and every check of the search see the rounding the written
+model gets; the written model is then GPTQ-rounded for its own mixed assignment
+(``quantize_model(..., weight_rounding="gptq")``, with the calibration data).
+
 Named presets after Quark's mixed configs (:data:`MIXED_CONFIGS`) pick the candidates.
 """
 from __future__ import annotations
@@ -29,8 +35,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import onnx
 
-from .config import FormatSpec, QuantizationConfig
-from .quantize import quantize_model, ModelInput
+from .config import FormatSpec, QuantizationConfig, WEIGHT_ROUNDINGS
+from .quantize import quantize_model, ModelInput, _Replay
 from .progress import ProgressBar
 from .sensitivity import (MixedSite, SensitivityReport, TrialModel,
                           bits_of, name_of, resolve_candidates, resolve_metric,
@@ -78,6 +84,7 @@ class MixedPrecisionSummary(QuantizationSummary):
     layers: list[dict[str, Any]] = field(default_factory=list)
     evaluations: int = 0
     search_seconds: float = 0.0
+    weight_rounding: str = "nearest"
     sensitivity: Optional[SensitivityReport] = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,14 +92,16 @@ class MixedPrecisionSummary(QuantizationSummary):
         d.update({"weight_bits": self.weight_bits, "activation_bits": self.activation_bits,
                   "metric": self.metric, "target": self.target, "achieved": self.achieved,
                   "met": self.met, "assignment": self.assignment, "layers": self.layers,
-                  "evaluations": self.evaluations, "search_seconds": self.search_seconds})
+                  "evaluations": self.evaluations, "search_seconds": self.search_seconds,
+                  "weight_rounding": self.weight_rounding})
         return d
 
     def __str__(self) -> str:
         head = (f"auto mixed precision: {self.metric} {self.achieved:.4f} on the calibration "
                 f"data (target {self.target}, {'met' if self.met else 'NOT met'}); "
                 f"weight_bits {self.weight_bits:.3f}, activation_bits "
-                f"{self.activation_bits:.3f}; {self.evaluations} trial evaluations in "
+                f"{self.activation_bits:.3f}, {self.weight_rounding} weight rounding; "
+                f"{self.evaluations} trial evaluations in "
                 f"{self.search_seconds:.1f} s")
         counts: dict[tuple[str, str], int] = {}
         for layer in self.layers:
@@ -192,15 +201,35 @@ def _search(trial: TrialModel, report: SensitivityReport, start: list[Optional[F
     return current, history
 
 
+def _gptq_trial(trial: TrialModel, start: list, placement: dict[str, Any],
+                progress: bool) -> None:
+    """Give the trial model GPTQ-rounded weights in every format a weight may move to: per
+    format, the weights :func:`~.tuning.tune_model` rounds with GPTQ when every weight is in
+    that format (activations float), on the calibration batches."""
+    from .tuning import tune_model
+    specs = [c for c in trial.quant if any(
+        s.kind == "weight" and s.allows(c) and bits_of(c) < bits_of(start[s.index])
+        for s in trial.sites)]
+    for k, spec in enumerate(specs, 1):
+        if progress:
+            print(f"auto mixed precision: GPTQ rounding of the weights in {spec.name} "
+                  f"({k}/{len(specs)})", file=sys.stderr)
+        cfg = QuantizationConfig(activation=None, weight=spec, **placement)
+        tuned, _ = tune_model(trial.model, cfg, trial.batches, weight_rounding="gptq",
+                              base_dir=trial.base_dir, progress=progress)
+        trial.use_weights(spec, tuned)
+
+
 def _verify(model_input: ModelInput, trial: TrialModel, assignment: list,
             summary_opts: dict[str, Any]) -> tuple[QuantizationSummary, float]:
-    """Write the model with ``assignment`` through :func:`quantize_model` and score it with
-    the library on the calibration data."""
+    """Write the model with ``assignment`` through :func:`quantize_model` (the calibration
+    batches as its calibration data) and score it with the library on those batches."""
     import onnxruntime as ort
     import ort_mx_ops
     formats = {s.tensor: a for s, a in zip(trial.sites, assignment)}
     summary = quantize_model(model_input, None, QuantizationConfig(
-        activation=None, weight=None, tensor_formats=formats, name="mixed"), **summary_opts)
+        activation=None, weight=None, tensor_formats=formats, name="mixed"),
+        _Replay(trial.batches), **summary_opts)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     ort_mx_ops.register(so)
@@ -247,7 +276,7 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
                          metric: Union[str, Callable] = "top1", *, progress: bool = False,
                          max_batch: int = 32, sensitivity_batches: Optional[int] = None,
                          sensitivity: Optional[SensitivityReport] = None,
-                         objective: str = "total",
+                         objective: str = "total", weight_rounding: str = "nearest",
                          **options: Any) -> MixedPrecisionSummary:
     """Quantize ``model_input`` with a format per tensor from ``candidates`` (format names,
     FormatSpecs, ``"float"``; or a preset name of :data:`MIXED_CONFIGS`) so that ``metric``
@@ -265,8 +294,11 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     only the first ``sensitivity_batches`` (faster; every check of the target uses all).
     ``objective``: ``"total"`` (default) minimises ``weight_bits + activation_bits``;
     ``"weights"`` spends the fidelity budget on weights first (the fewest weight bits,
-    activations lowered only where the target still allows).  ``sensitivity``: a report of :func:`~.sensitivity.analyze_sensitivity` on the same model,
-    data, candidates and metric, to skip that pass.
+    activations lowered only where the target still allows).  ``sensitivity``: a report of
+    :func:`~.sensitivity.analyze_sensitivity` on the same model, data, candidates and
+    metric, to skip that pass.  ``weight_rounding``: ``"nearest"`` (default) or ``"gptq"``
+    (error-compensating rounding from the calibration inputs, as in :func:`quantize_model`;
+    the search then scores the GPTQ-rounded weights, see module docs; slower).
 
     Returns a :class:`MixedPrecisionSummary`: the usual summary plus ``weight_bits``,
     ``activation_bits`` (:func:`bits_accounting`), ``achieved`` (the metric of the written
@@ -276,6 +308,9 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     start_time = time.perf_counter()
     if objective not in ("total", "weights"):
         raise ValueError(f"objective must be 'total' or 'weights', got {objective!r}")
+    if weight_rounding not in WEIGHT_ROUNDINGS:
+        raise ValueError(f"weight_rounding must be one of {WEIGHT_ROUNDINGS}, got "
+                         f"{weight_rounding!r}")
     if isinstance(candidates, str):
         key = candidates.upper()
         if key not in MIXED_CONFIGS:
@@ -294,9 +329,11 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
     if not trial.sites:
         raise ValueError("the model has no tensor the placement quantizes (no Conv, "
                          "ConvTranspose, Gemm or MatMul input in float)")
+    start = [max((c for c in cands if s.allows(c)), key=bits_of) for s in trial.sites]
+    if weight_rounding == "gptq" and target is not None:
+        _gptq_trial(trial, start, placement, progress)
     report = sensitivity or sensitivity_of(trial, progress, sensitivity_batches,
                                            skip_top=True)
-    start = [max((c for c in cands if s.allows(c)), key=bits_of) for s in trial.sites]
     if target is None:
         assignment = [min((c for c in cands if s.allows(c)), key=bits_of)
                       for s in trial.sites]
@@ -309,6 +346,7 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
         assignment, history = start, []
     else:
         assignment, history = _search(trial, report, start, target, progress, objective)
+    options = {**options, "weight_rounding": weight_rounding}
     summary, achieved = _verify(model_input, trial, assignment, options)
     if target is not None and achieved < target and history:
         # The written model misses what the trial model met (onnxruntime fuses and orders
@@ -316,8 +354,10 @@ def auto_mixed_precision(model_input: ModelInput, model_output: Optional[Union[s
         # that): keep the longest prefix of the accepted moves that the written model meets.
         summary, achieved, assignment = _backtrack(model_input, trial, start, history,
                                                    target, options, progress)
-    return _finish(summary, model_input, model_output, trial, assignment, report,
-                   achieved, target, start_time)
+    result = _finish(summary, model_input, model_output, trial, assignment, report,
+                     achieved, target, start_time)
+    result.weight_rounding = weight_rounding
+    return result
 
 
 def _finish(summary: QuantizationSummary, model_input: ModelInput, model_output: Any,

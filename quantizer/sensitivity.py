@@ -297,6 +297,7 @@ class TrialModel:
         self.session = ort.InferenceSession(self._build().SerializeToString(), so,
                                             providers=["CPUExecutionProvider"])
         self._folded: dict[tuple[int, str], np.ndarray] = {}
+        self.weight_models: dict[str, ModelView] = {}  # format name -> tuned weights
         self._cache: dict[tuple, float] = {}
         self.noise: dict[tuple, float] = {}
         self.evaluations = 0
@@ -377,11 +378,22 @@ class TrialModel:
         m.ir_version = max(m.ir_version, 4)
         return m
 
+    def use_weights(self, spec: FormatSpec, model: onnx.ModelProto) -> None:
+        """From now on a trial that puts a weight in ``spec`` quantizes that weight's values
+        in ``model`` (the float model with tuned weights, e.g. by GPTQ for ``spec``)
+        instead of the float model's.  Clears the evaluations made so far."""
+        self.weight_models[spec.name] = ModelView(model, base_dir=self.base_dir,
+                                                  infer_shapes=False)
+        self._folded = {k: v for k, v in self._folded.items() if k[1] != spec.name}
+        self._cache.clear()
+        self.noise.clear()
+
     def folded(self, site: MixedSite, spec: FormatSpec) -> np.ndarray:
         """``site``'s weight quantized in ``spec`` exactly as the written model stores it."""
         key = (site.index, spec.name)
         if key not in self._folded:
-            values = self.view.weights[site.tensor].array(self.base_dir)
+            view = self.weight_models.get(spec.name, self.view)
+            values = view.weights[site.tensor].array(self.base_dir)
             self._folded[key] = fold_weight(values, spec, site.axis, 1.0,
                                             site.flatten and spec.op != "BF16")
         return self._folded[key]

@@ -311,3 +311,106 @@ def test_weights_objective_spends_the_budget_on_weights_first():
     assert weights.weight_bits < total.weight_bits  # 6.56 vs 8.25 on this model
     with pytest.raises(ValueError, match="objective"):
         auto_mixed_precision(conv_model(), None, Reader(CONV_IN), cands, 0.99, objective="size")
+
+
+# -- GPTQ rounding in the search -------------------------------------------------------------
+def parallel_model() -> onnx.ModelProto:
+    """x (B, 64) -> MatMul W1 (strong) and MatMul W2 (100x weaker), added: y (B, 32).  Both
+    layers read the graph input, so each one's GPTQ Hessian depends on x alone."""
+    from onnx import TensorProto, helper
+    from test_quantizer_models import _model, _w
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["a"], name="strong"),
+             helper.make_node("MatMul", ["x", "W2"], ["b"], name="weak"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    f = TensorProto.FLOAT
+    return _model(nodes, [helper.make_tensor_value_info("x", f, ["B", 64])],
+                  [helper.make_tensor_value_info("y", f, ["B", 32])],
+                  {"W1": _w(rng, 64, 32), "W2": _w(rng, 64, 32) * np.float32(0.01)})
+
+
+class Correlated(Reader):
+    """Four batches of 32 rows with correlated features (where GPTQ's error feedback pays);
+    batches of the largest stacked size, so the search sees exactly these batches."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__({"x": (32, 64)}, n=4, seed=seed)
+        mix = np.random.default_rng(9).standard_normal((64, 64)).astype(np.float32)
+        self.batches = [{"x": b["x"] @ mix / np.float32(8)} for b in self.batches]
+        self.all = list(self.batches)
+
+
+def _weight_of(model: onnx.ModelProto, node_name: str) -> np.ndarray:
+    from onnx import numpy_helper
+    node = next(n for n in model.graph.node if n.name == node_name)
+    init = next(i for i in model.graph.initializer if i.name == node.input[1])
+    return numpy_helper.to_array(init)
+
+
+def test_gptq_rounding_follows_the_per_layer_assignment():
+    """With weight_rounding="gptq" each written weight is what quantize_model with GPTQ
+    writes for that layer in the format the search gave it (both layers read x, in the same
+    format as in the mixed model), not the nearest rounding; weight_bits is hand-computed."""
+    cands = ["MXFP4E2M1", "MXINT8"]
+    s = auto_mixed_precision(parallel_model(), None, Correlated(), cands, 30.0, "sqnr",
+                             max_batch=32, weight_rounding="gptq")
+    # The strong layer needs MXINT8 (MXFP4 costs ~20 dB), the weak one does not.
+    assert s.assignment == {"x": "MXINT8", "W1": "MXINT8", "W2": "MXFP4E2M1"}
+    assert s.met and s.weight_rounding == "gptq" and s.as_dict()["weight_rounding"] == "gptq"
+    assert s.weight_bits == (2048 * 8.25 + 2048 * 4.25) / 4096 == 6.25
+    assert s.activation_bits == 8.25
+    assert s.tuning is not None and s.tuning.algorithms == ["gptq"]
+    for layer, fmt in (("strong", "MXINT8"), ("weak", "MXFP4E2M1")):
+        uniform = quantize_model(parallel_model(), None, fmt, Correlated(),
+                                 activation="MXINT8", weight_rounding="gptq").model
+        np.testing.assert_array_equal(_weight_of(s.model, layer), _weight_of(uniform, layer))
+    nearest = quantize_model(parallel_model(), None, "MXFP4E2M1", activation="MXINT8").model
+    assert not np.array_equal(_weight_of(s.model, "weak"), _weight_of(nearest, "weak"))
+    # The reported fidelity is the written model's, run with the library.
+    ref = run_model(parallel_model(), Correlated().all)
+    assert sqnr_db(ref, run_model(s.model, Correlated().all)) == pytest.approx(s.achieved,
+                                                                                abs=1e-9)
+
+
+def test_gptq_search_scores_the_gptq_rounded_weights():
+    """The sensitivity of a weight in a cheaper format is that of its GPTQ-rounded values
+    (as quantize_model writes them, weights only), which beat nearest rounding here."""
+    cands = ["MXFP4E2M1", "MXINT8"]
+    runs = {r: auto_mixed_precision(parallel_model(), None, Correlated(), cands, 30.0, "sqnr",
+                                    max_batch=32, weight_rounding=r)
+            for r in ("nearest", "gptq")}
+    idx = next(i for i, site in enumerate(runs["gptq"].sensitivity.sites)
+               if site.tensor == "W1")
+    ref = run_model(parallel_model(), Correlated().all)
+    for rounding, s in runs.items():
+        written = quantize_model(parallel_model(), None, "MXFP4E2M1", Correlated(),
+                                 activation=None, weight_rounding=rounding,
+                                 tensor_formats={"W2": None}).model
+        got = sqnr_db(ref, run_model(written, Correlated().all))
+        assert s.sensitivity.fidelity[idx]["MXFP4E2M1"] == pytest.approx(got, abs=1e-6)
+    assert runs["gptq"].sensitivity.fidelity[idx]["MXFP4E2M1"] > \
+        runs["nearest"].sensitivity.fidelity[idx]["MXFP4E2M1"] + 1.0
+    with pytest.raises(ValueError, match="weight_rounding"):
+        auto_mixed_precision(parallel_model(), None, Correlated(), cands, 30.0, "sqnr",
+                             weight_rounding="adaround")
+
+
+def test_cli_auto_mixed_precision_with_gptq(tmp_path):
+    """``--weight-rounding gptq`` reaches the search: the same data in an .npz (one sample
+    per batch, stacked back to 32) writes the weights the API writes."""
+    from ort_mx_ops.quantizer.cli import main
+    model = tmp_path / "par.onnx"
+    onnx.save(parallel_model(), str(model))
+    np.savez(tmp_path / "calib.npz", x=np.concatenate([b["x"] for b in Correlated().all]))
+    assert main([str(model), str(tmp_path / "m.onnx"), "--auto-mixed-precision", "--calib",
+                 str(tmp_path / "calib.npz"), "--candidates", "MXFP4E2M1", "MXINT8",
+                 "--target", "30", "--metric", "sqnr", "--max-batch", "32",
+                 "--weight-rounding", "gptq", "--summary-json", str(tmp_path / "s.json"),
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["weight_rounding"] == "gptq" and summary["weight_bits"] == 6.25
+    api = auto_mixed_precision(parallel_model(), None, Correlated(), ["MXFP4E2M1", "MXINT8"],
+                               30.0, "sqnr", max_batch=32, weight_rounding="gptq")
+    written = onnx.load(str(tmp_path / "m.onnx"))
+    for layer in ("strong", "weak"):
+        np.testing.assert_array_equal(_weight_of(written, layer), _weight_of(api.model, layer))
