@@ -91,6 +91,10 @@ class QuantizationConfig:
     names, or True for the defaults) runs AdaQuant per layer; ``bias_correction`` shifts
     each bias by the mean output error the quantization causes.  Each is applied to a layer
     only where it lowers that layer's output error on held-out calibration samples.
+    ``cross_layer_equalization`` (no calibration data needed) rescales the channels between
+    consecutive layers so both weights have the same range per channel, leaving the float
+    model's outputs unchanged (:mod:`.equalization`); off by default (measured in
+    docs/quantizer.md).
     """
     activation: Optional[FormatSpec]
     weight: Optional[FormatSpec]
@@ -111,6 +115,7 @@ class QuantizationConfig:
     weight_rounding: str = "nearest"
     fast_finetune: Optional[FastFinetune] = None
     bias_correction: bool = False
+    cross_layer_equalization: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_finetune", FastFinetune.from_options(self.fast_finetune))
