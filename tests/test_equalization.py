@@ -234,15 +234,32 @@ def test_bias_correction_shift_zeroes_mean_error(op, shape, attrs):
     assert after.max() < 1e-5 * np.abs(y).max()
 
 
-def test_bias_correction_lowers_mean_error_on_calibration_data():
+@pytest.mark.parametrize("bias_at", ["input", "add", "batchnorm"])
+def test_bias_correction_lowers_mean_error_on_calibration_data(bias_at):
+    """The bias is the Conv's input 2, a following Add of a Reshape'd constant (as exporters
+    write it), or the mean of a following BatchNormalization."""
     rng = np.random.default_rng(7)
     w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
     b = rng.standard_normal(8).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    if bias_at == "input":
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1] * 4)]
+        inits.append(numpy_helper.from_array(b, "b"))
+    elif bias_at == "add":
+        nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+                 _const("b", b), helper.make_node("Constant", [], ["s4"], value=numpy_helper.
+                                                  from_array(np.array([1, 8, 1, 1]), "s4")),
+                 helper.make_node("Reshape", ["b", "s4"], ["b4"]),
+                 helper.make_node("Add", ["c", "b4"], ["y"])]
+    else:
+        nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4),
+                 helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"])]
+        inits += [numpy_helper.from_array(v.astype(np.float32), n) for n, v in
+                  (("g", rng.uniform(0.5, 2, 8)), ("b", b), ("m", rng.standard_normal(8)),
+                   ("v", rng.uniform(0.5, 2, 8)))]
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1] * 4)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8, 8, 8])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8, 8, 8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     feeds = [{"x": (np.abs(rng.standard_normal((1, 4, 8, 8))) + 0.5).astype(np.float32)}
              for _ in range(12)]
