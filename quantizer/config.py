@@ -93,8 +93,10 @@ class QuantizationConfig:
     only where it lowers that layer's output error on held-out calibration samples.
     ``cross_layer_equalization`` (no calibration data needed) rescales the channels between
     consecutive layers so both weights have the same range per channel, leaving the float
-    model's outputs unchanged (:mod:`.equalization`); off by default (measured in
-    docs/quantizer.md).
+    model's outputs unchanged (:mod:`.equalization`); ``hadamard_rotation`` rotates the
+    reduction axis of MatMul / Gemm layers block-wise by a Hadamard matrix, folded into the
+    weight and applied to the activation by an added float MatMul (:mod:`.rotation`).  Both
+    are off by default (measured in docs/quantizer.md).
     """
     activation: Optional[FormatSpec]
     weight: Optional[FormatSpec]
@@ -116,6 +118,7 @@ class QuantizationConfig:
     fast_finetune: Optional[FastFinetune] = None
     bias_correction: bool = False
     cross_layer_equalization: bool = False
+    hadamard_rotation: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_finetune", FastFinetune.from_options(self.fast_finetune))

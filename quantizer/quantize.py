@@ -292,6 +292,14 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     if cfg.cross_layer_equalization:
         from .equalization import equalize_model
         model, equalization = equalize_model(model, base_dir)
+    rotation = None
+    if cfg.hadamard_rotation:
+        from .rotation import rotate_model
+        ops = ("MatMul", "Gemm") if cfg.quantize_all_op_types else cfg.op_types_to_quantize
+        model, rotation = rotate_model(model, base_dir, ops, cfg.nodes_to_exclude)
+        # The rotation nodes stay float; the tuning below sees the rotated model.
+        cfg = cfg.replace(hadamard_rotation=False, nodes_to_exclude=(
+            *cfg.nodes_to_exclude, *rotation.added_nodes))
     tuning = None
     if cfg.weight_rounding != "nearest" or cfg.fast_finetune is not None or \
             cfg.bias_correction:
@@ -328,7 +336,8 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     summary = QuantizationSummary(
         config=cfg.name, placement=cfg.placement, fold_weights=cfg.fold_weights,
         sites=records, skipped=plan.skipped, conflicts=plan.conflicts,
-        input_bytes=input_bytes, model=model, tuning=tuning, equalization=equalization)
+        input_bytes=input_bytes, model=model, tuning=tuning, equalization=equalization,
+        rotation=rotation)
     if model_output is not None:
         written = save_model_atomic(model, os.fspath(model_output),
                                     0 if external_data else EXTERNAL_DATA_THRESHOLD, in_path)
