@@ -69,11 +69,13 @@ def rotate_model(model: onnx.ModelProto, base_dir: Optional[str] = None,
     in the module docstring.  Float outputs equal the input model's up to rounding;
     ``report.added_nodes`` names the rotation nodes, which must stay float."""
     from .handlers import layers as handler_layers
+    from .quantize import _Names
     out = onnx.ModelProto()
     out.CopyFrom(model)
     view = ModelView(out, base_dir=base_dir)
     report = RotationReport()
-    used = {n.name for n in out.graph.node} | set(view.shape) | set(view.producer)
+    names = _Names(out.graph)
+    names.used |= view.subgraph_names
     added: dict[int, list[onnx.NodeProto]] = {}
     for info in handler_layers(view):
         node = out.graph.node[info.node_index]
@@ -95,7 +97,7 @@ def rotate_model(model: onnx.ModelProto, base_dir: Optional[str] = None,
         rotated = (w.astype(np.float64) @ h) if trans_b else (h @ w.astype(np.float64))
         ref.tensor.CopyFrom(numpy_helper.from_array(rotated.astype(np.float32), info.weight))
         label = node.name or node.output[0]
-        hname, xname, nname = (_fresh(used, f"{label}_hadamard{s}") for s in ("", "_in", "_rot"))
+        hname, xname, nname = (names.new(f"{label}_hadamard{s}") for s in ("", "_in", "_rot"))
         out.graph.initializer.append(numpy_helper.from_array(h.astype(np.float32), hname))
         added.setdefault(info.node_index, []).append(
             helper.make_node("MatMul", [node.input[0], hname], [xname], name=nname))
@@ -111,11 +113,3 @@ def rotate_model(model: onnx.ModelProto, base_dir: Optional[str] = None,
         out.graph.node.extend(nodes)
     return out, report
 
-
-def _fresh(used: set[str], name: str) -> str:
-    base, i = name, 0
-    while name in used:
-        i += 1
-        name = f"{base}_{i}"
-    used.add(name)
-    return name
