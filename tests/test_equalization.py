@@ -228,7 +228,7 @@ def test_bias_correction_shift_zeroes_mean_error(op, shape, attrs):
     samples = [Sample(a[:, :len(y) // 2], y[:len(y) // 2]), Sample(a[:, len(y) // 2:],
                                                                    y[len(y) // 2:])]
     before = np.abs((y - layer.linear(a, m, b)).mean(axis=0))
-    shift = _mean_shift(layer, samples, m, b)
+    shift = _mean_shift(layer, samples, layer.weight_matrix(w), m)
     after = np.abs((y - layer.linear(a, m, b + shift)).mean(axis=0))
     assert before.max() > 1e-2
     assert after.max() < 1e-5 * np.abs(y).max()
