@@ -202,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "NumIterations=200, LearningRate=1e-4, batch_size=4); implies "
                         "--fast-finetune; repeatable")
     p.add_argument("--bias-correction", action="store_true",
-                   help="shift each bias by the mean output error quantization causes "
-                        "(needs --calib)")
+                   help="shift each bias by the mean output error its weight's quantization "
+                        "causes (a following Add or BatchNormalization where the layer has "
+                        "no bias input; needs --calib)")
     p.add_argument("--cross-layer-equalization", action="store_true",
                    help="equalize the per-channel weight ranges of consecutive layers "
                         "(float outputs unchanged; no calibration data needed)")
