@@ -4,6 +4,9 @@ For each model and configuration: the float model, the folded model (``weight_st
 "folded"``), the packed one (``"packed"``, same activations) and, where standard ONNX has a
 kernel, the ``"onnx"`` one (weights only, ``activation=None``: runs with no custom-op library).
 Latency is the median of interleaved batch-1 runs, as a ratio to the model it replaces;
+"same optimized graph" saves the graph onnxruntime runs for the expanded and the folded model
+and compares them node by node and constant by constant (equal graphs: equal latency up to
+noise);
 "identical" compares every output bit for bit on the same input (packed ops: with
 onnxruntime's ConvBNFusion off, which rewrites only constant, i.e. folded, Conv weights). The ``onnx`` form is
 compared with the weights-only folded model converted to the same opset, in sessions with
@@ -28,6 +31,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 import ort_mx_ops
 from ort_mx_ops.formats import CONFIGS
@@ -103,6 +107,30 @@ def _latencies(paths: Sequence[str], libs: Sequence[list[str]], x: np.ndarray,
     return [statistics.median(t) for t in times]
 
 
+def optimized_graph(model: str, libs: Sequence[str], workdir: str) -> list[tuple]:
+    """The graph onnxruntime runs for ``model`` (a path) after its optimizations, as comparable
+    data: each node's type, domain, attributes and inputs, with every constant input replaced
+    by a digest of its bytes. Two models with the same optimized graph run the same kernels on
+    the same constants, so their latency differs only by noise."""
+    import hashlib
+
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    for lib in libs:
+        so.register_custom_ops_library(lib)
+    out = os.path.join(workdir, "optimized_" + os.path.basename(model))
+    so.optimized_model_filepath = out
+    so.log_severity_level = 3  # the "hardware-specific NCHWc layout" warning of saving
+    ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    m = onnx.load(out)
+    os.remove(out)
+    const = {t.name: f"{list(t.dims)}:{hashlib.sha256(numpy_helper.to_array(t).tobytes()).hexdigest()}"
+             for t in m.graph.initializer}
+    return [(n.op_type, n.domain, tuple(const.get(i, i) for i in n.input),
+             tuple(a.SerializeToString() for a in n.attribute)) for n in m.graph.node]
+
+
 def _outputs(path: str, libs: Sequence[str], x: np.ndarray,
              disabled: Sequence[str] = ()) -> list[np.ndarray]:
     s = _session(path, libs, disabled)
@@ -155,6 +183,8 @@ def measure(key: str, config: str, libs: list[str], tmp: str, runs: int) -> dict
     row["packed_identical"] = _same(_outputs(folded, libs, x, no_bn),
                                     _outputs(packed, libs, x, no_bn))
     row["expanded_identical"] = _same(ref, _outputs(expanded, libs, x))
+    row["expanded_same_graph"] = optimized_graph(expanded, libs, tmp) == \
+        optimized_graph(folded, libs, tmp)
     row["rss_folded_mb"] = _peak_rss_mb(folded, libs, shape)
     row["rss_packed_mb"] = _peak_rss_mb(packed, libs, shape)
     row["rss_expanded_mb"] = _peak_rss_mb(packed, libs, shape, expand=True)
@@ -190,8 +220,9 @@ def _mb(n: Optional[int]) -> str:
 def markdown(rows: list[dict]) -> str:
     head = ("| model | config | float MB | folded MB | packed MB | onnx MB | packed latency × "
             "folded (ops / expanded at load) | onnx latency × folded | packed identical (ops / "
-            "expanded) | onnx identical | peak RSS MB folded / packed ops / expanded / onnx |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|")
+            "expanded) | expanded: same optimized graph as folded | onnx identical | peak RSS MB "
+            "folded / packed ops / expanded / onnx |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|")
     lines = [head]
     for r in rows:
         yn = {True: "yes", False: "no", None: "–"}
@@ -204,7 +235,7 @@ def markdown(rows: list[dict]) -> str:
             f"{_mb(r['folded_bytes'])} | {_mb(r['packed_bytes'])} | {_mb(r.get('onnx_bytes'))} "
             f"| {r['packed_latency_x']:.2f} / {r['expanded_latency_x']:.2f} | {onnx_lat} | "
             f"{yn[r['packed_identical']]}{'' if r['packed_identical_defaults'] else '¹'} / "
-            f"{yn[r['expanded_identical']]} | "
+            f"{yn[r['expanded_identical']]} | {yn[r['expanded_same_graph']]} | "
             f"{yn[r.get('onnx_identical')]} | {rss} |")
     lines.append("\n¹ identical with onnxruntime's ConvBNFusion off; with it on, onnxruntime "
                  "folds BatchNormalization into the folded model's constant Conv weights only.")
