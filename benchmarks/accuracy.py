@@ -12,8 +12,8 @@ installed package):
   by 180 degrees: top-1 agreement with float and accuracy against the truth.
 
 Calibration inputs are rendered with another seed than the evaluated ones and never share a
-text with them.  Each row is ``CONFIG[/A=ACT][+gptq][+bc][+adaquant]`` as in ``ort-mx-demo
---rows``; the table goes to stdout (Markdown) and ``--json``.
+text with them.  Each row is ``CONFIG[/A=ACT][+gptq][+bc][+cle][+hadamard][+adaquant]`` as
+in ``ort-mx-demo --rows``; the table goes to stdout (Markdown) and ``--json``.
 """
 from __future__ import annotations
 

