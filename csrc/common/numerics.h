@@ -119,6 +119,24 @@ MXOPS_HD LaneI<U> finite_exponent(U u) {
   return select(e == 255, splat<LaneI<U>>(0), e);
 }
 
+// Block-maximum keys, a cheaper exact form of the maxima above: u << 1 drops the sign and
+// keeps the order of |x|'s bits, so its top 8 bits are exponent_field(u) and the maximum of
+// the keys over a block decodes to the maximum of exponent_field (exponent_of_key).
+template <class U>
+MXOPS_HD U exponent_key(U u) { return u << 1; }
+template <class U>
+MXOPS_HD LaneI<U> exponent_of_key(U k) { return as_int(k >> 24); }
+
+// The same for finite_exponent: adding 1 to the top 8 bits maps e to e + 1 for e <= 254 and
+// wraps 255 (Inf/NaN) to 0, below every finite key; a maximum with top bits t decodes to
+// max(t, 1) - 1, which is 0 for a block of Inf/NaN only, as finite_exponent's maximum is.
+template <class U>
+MXOPS_HD U finite_exponent_key(U u) { return (u << 1) + 0x01000000u; }
+template <class U>
+MXOPS_HD LaneI<U> finite_exponent_of_key(U k) {
+  return imax(as_int(k >> 24), splat<LaneI<U>>(1)) - 1;
+}
+
 // e(x) == 255.
 template <class U>
 MXOPS_HD LaneMask<U> is_inf_or_nan(U u) { return (u & 0x7f800000u) == 0x7f800000u; }
@@ -327,6 +345,32 @@ MXOPS_HD F bfp_prime_element(F x, const BfpPrimeParams<F>& p, int m) {
 template <class F>
 MXOPS_HD LaneMask<F> bfp_prime_addition_exact(const BfpPrimeParams<F>& p) {
   return (p.t_base <= 254) & (p.nan == 0);
+}
+
+// The sub-block exponent es = s - shift that bfp_prime_params scales by.
+template <class I>
+MXOPS_HD I bfp_prime_exponent(I s, I sub_max, int shift_bits) {
+  return s - bfp_prime_shift(s, sub_max, shift_bits);
+}
+
+// Where bfp_prime_addition_params applies to every sub-block of a block with maximum s: no
+// Inf/NaN (s <= 254) and t_base = es + 24 - m <= 254 for every es <= s.
+template <class I>
+MXOPS_HD LaneMask<I> bfp_prime_addition_block(I s, int m) {
+  return (s <= 254) & (s <= 230 + m);
+}
+
+// bfp_prime_params' add and sat (all that bfp_prime_element_by_addition reads) from es alone,
+// where bfp_prime_addition_block(s, m) holds: es >= 0 and m <= 23 put t_base = es + 24 - m in
+// [1, 254], so quantum = 2^(t_base - 150) is exact and quantum * 2^23 is the normal float of
+// exponent field t_base; sat = (2^m - 1) * quantum = add * (2^m - 1) * 2^-23 is exact both ways.
+template <class I>
+MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_addition_params(I es, int m) {
+  using F = LaneF<I>;
+  BfpPrimeParams<F> p{};
+  p.add = u2f(as_uint(es + (24 - m)) << 23);
+  p.sat = p.add * (static_cast<float>((1u << m) - 1u) * 1.1920928955078125e-7f);  // 2^-23
+  return p;
 }
 
 // bfp_prime_element<kHalfEven> by one addition: (|x| + quantum * 2^23) - quantum * 2^23
