@@ -459,6 +459,49 @@ MXOPS_HD F mx_element(F x, const MxScale<F>& p, const MxElement& f) {
   return select(special, x, y);
 }
 
+// mx_element of a floating element type without the division by X and the multiplication
+// back: where mx_direct_block(s, f) holds (k = mx_scale_exponent(s, f.emax) with
+// pow2_pair_normal(k); lo = emin + 127 + k >= 1; s + 23 - mantissa_bits <= 254), rounding |x|
+// to a multiple of X * quantum(v) is X * round_to_element(v) exactly: v = x / X is exact when
+// normal, and both sums of the rounding are normal floats, so scaling by X commutes with their
+// rounding; a subnormal v rounds to 0 either way (|v| < 2^-126, far below half a quantum).
+// The quantum's exponent max(e(|v|), emin + 127) + k is max(e(|x|), lo) (e(|x|) <= k for a
+// subnormal v), at most s, which keeps c finite; clamping at X * max_normal is the clamp at
+// max_normal scaled.
+template <class F>
+struct MxDirect {
+  LaneU<F> lo;  // lo << 23
+  F max_v;      // X * max_normal
+};
+
+template <class I>
+MXOPS_HD LaneMask<I> mx_direct_block(I s, const MxElement& f) {
+  const I k = mx_scale_exponent(s, f.emax);
+  return pow2_pair_normal(k) & (k >= -126 - f.emin) & (s <= 231 + f.mantissa_bits);
+}
+
+template <class I>
+MXOPS_HD MxDirect<LaneF<I>> mx_direct_params(I s, const MxElement& f) {
+  const I k = mx_scale_exponent(s, f.emax);
+  MxDirect<LaneF<I>> p;
+  p.lo = as_uint(k + (f.emin + 127)) << 23;
+  p.max_v = pow2_normal(k) * f.max_normal;
+  return p;
+}
+
+template <class F>
+MXOPS_HD F mx_float_element_direct(F x, const MxDirect<F>& p, const MxElement& f) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const U a_bits = u & 0x7fffffffu;
+  const U c_bits = imax(a_bits & 0x7f800000u, p.lo) + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23);
+  const F c = u2f(c_bits);
+  F r = (u2f(a_bits) + c) - c;
+  r = select(r > p.max_v, p.max_v, r);
+  const F y = select(r == 0.0f, splat<F>(0.0f), u2f(f2u(r) | (u & 0x80000000u)));
+  return select(as_int(a_bits) > 0x7f7fffff, x, y);  // Inf / NaN pass through
+}
+
 // ------------------------------------------------------------------------------------------
 // Storage types: widen to float32 exactly, narrow with nearest-even. The *_bits
 // forms take and give the 16-bit pattern in a 32-bit lane.

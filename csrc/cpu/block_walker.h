@@ -90,6 +90,10 @@ struct ScalarLanes {
 // exponent() decodes it to the exponent params() takes.
 // ------------------------------------------------------------------------------------------
 
+// Every policy also has a fast form: fast(s) says whether every lane of blocks with maxima s
+// allows it, fast_params(s, sub) / apply_fast(x, p) compute it; the walker decides once per
+// tile or group of blocks, so the loops over elements carry no branch.
+
 // Small: m <= 21, the one-addition round of round_half (kHalfEven).
 template <class L, int Mode, bool Small>
 struct BfpLanes {
@@ -97,15 +101,16 @@ struct BfpLanes {
   using I = typename L::I;
   using K = typename L::U;
   using Params = BfpScale<F>;
+  using Fast = BfpScale<F>;
   static constexpr bool kSubBlocks = false;
   int m;
   MXOPS_VINL K key(F x) const { return finite_exponent_key(f2u(x)); }
   MXOPS_VINL I exponent(K k) const { return finite_exponent_of_key(k); }
-  MXOPS_VINL Params params(I s, I) const {
-    if (L::all(pow2_pair_normal(bfp_scale_exponent(s, m)))) return bfp_scale<true>(s, m);
-    return bfp_scale(s, m);
-  }
+  MXOPS_VINL Params params(I s, I) const { return bfp_scale(s, m); }
   MXOPS_VINL F apply(F x, const Params& p) const { return to_bfp_element<Mode, Small>(x, p); }
+  MXOPS_VINL bool fast(I s) const { return L::all(pow2_pair_normal(bfp_scale_exponent(s, m))); }
+  MXOPS_VINL Fast fast_params(I s, I) const { return bfp_scale<true>(s, m); }
+  MXOPS_VINL F apply_fast(F x, const Fast& p) const { return to_bfp_element<Mode, Small>(x, p); }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
 };
 
@@ -122,39 +127,53 @@ struct PrimeLanes {
   int m, sub_block_size, shift_bits;
   MXOPS_VINL K key(F x) const { return exponent_key(f2u(x)); }
   MXOPS_VINL I exponent(K k) const { return exponent_of_key(k); }
+  using Fast = BfpPrimeParams<F>;
   MXOPS_VINL Params params(I s, I sub) const {
     Params p;
     p.core = bfp_prime_params(s, sub, shift_bits, m);
     p.by_addition = Mode == kHalfEven && L::all(bfp_prime_addition_exact(p.core));
     return p;
   }
-  // Whether every sub-block of blocks with maxima s takes fast_params (kHalfEven only).
-  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(s, m)); }
-  MXOPS_VINL Params fast_params(I s, I sub) const {
-    return {bfp_prime_addition_params(bfp_prime_exponent(s, sub, shift_bits), m), true};
-  }
   MXOPS_VINL F apply(F x, const Params& p) const {
     if (p.by_addition) return bfp_prime_element_by_addition(x, p.core);
     return bfp_prime_element<Mode>(x, p.core, m);
   }
+  // Every sub-block by one addition, its add and sat straight from its exponent.
+  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(s, m)); }
+  MXOPS_VINL Fast fast_params(I s, I sub) const {
+    return bfp_prime_addition_params(bfp_prime_exponent(s, sub, shift_bits), m);
+  }
+  MXOPS_VINL F apply_fast(F x, const Fast& p) const { return bfp_prime_element_by_addition(x, p); }
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
 };
 
+// Fast: floating elements by mx_float_element_direct, integer ones with NormalOnly scales.
 template <class L, int Mode, int Kind>
 struct MxLanes {
   using F = typename L::F;
   using I = typename L::I;
   using K = typename L::U;
   using Params = MxScale<F>;
+  static constexpr bool kDirect = Kind == kMxFloatElement;
+  using Fast = std::conditional_t<kDirect, MxDirect<F>, MxScale<F>>;
   static constexpr bool kSubBlocks = false;
   MxElement element;
   MXOPS_VINL K key(F x) const { return finite_exponent_key(f2u(x)); }
   MXOPS_VINL I exponent(K k) const { return finite_exponent_of_key(k); }
-  MXOPS_VINL Params params(I s, I) const {
-    if (L::all(pow2_pair_normal(mx_scale_exponent(s, element.emax)))) return mx_scale<true>(s, element.emax);
-    return mx_scale(s, element.emax);
-  }
+  MXOPS_VINL Params params(I s, I) const { return mx_scale(s, element.emax); }
   MXOPS_VINL F apply(F x, const Params& p) const { return mx_element<Mode, Kind>(x, p, element); }
+  MXOPS_VINL bool fast(I s) const {
+    if constexpr (kDirect) return L::all(mx_direct_block(s, element));
+    return L::all(pow2_pair_normal(mx_scale_exponent(s, element.emax)));
+  }
+  MXOPS_VINL Fast fast_params(I s, I) const {
+    if constexpr (kDirect) return mx_direct_params(s, element);
+    else return mx_scale<true>(s, element.emax);
+  }
+  MXOPS_VINL F apply_fast(F x, const Fast& p) const {
+    if constexpr (kDirect) return mx_float_element_direct(x, p, element);
+    else return mx_element<Mode, Kind>(x, p, element);
+  }
   MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
 };
 
@@ -225,15 +244,26 @@ struct Walker {
     const int64_t n_simd = n / group * group;
     const int steps = log2_exact(min64(bs, W));
     const int sub_steps = Pol::kSubBlocks ? log2_exact(sub) : steps;
-    // The parameters of one vector of a group with maxima s (every lane of a block holds its
-    // block's), and the vector's result.
-    auto sub_params = [&](I s, K k, bool fast) {
+    // One vector from p: the parameters of its (sub-)blocks, maxima s, and its result.
+    auto one = [&](auto fast_tag, I s, const T* p, T* q) {
+      constexpr bool kFast = decltype(fast_tag)::value;
+      const F v = load(p);
+      I sm = s;
+      if constexpr (Pol::kSubBlocks) sm = pol.exponent(L::group_max(pol.key(v), sub_steps));
+      if constexpr (kFast) store(q, pol.apply_fast(v, pol.fast_params(s, sm)));
+      else store(q, pol.apply(v, pol.params(s, sm)));
+    };
+    // nv vectors of one group, blocks with maxima s; the parameters of whole blocks once.
+    auto group_of = [&](auto fast_tag, I s, const T* p, T* q, int64_t nv) {
+      constexpr bool kFast = decltype(fast_tag)::value;
       if constexpr (Pol::kSubBlocks) {
-        const I sm = pol.exponent(L::group_max(k, sub_steps));
-        return fast ? pol.fast_params(s, sm) : pol.params(s, sm);
+        for (int64_t i = 0; i < nv; ++i) one(fast_tag, s, p + i * W, q + i * W);
+      } else if constexpr (kFast) {
+        const auto prm = pol.fast_params(s, s);
+        for (int64_t i = 0; i < nv; ++i) store(q + i * W, pol.apply_fast(load(p + i * W), prm));
       } else {
-        (void)k, (void)fast;
-        return pol.params(s, s);
+        const auto prm = pol.params(s, s);
+        for (int64_t i = 0; i < nv; ++i) store(q + i * W, pol.apply(load(p + i * W), prm));
       }
     };
     if (bs >= W) {
@@ -246,32 +276,15 @@ struct Walker {
           k = imax(k, pol.key(load(px + g + i * W)));
         }
         const I s = pol.exponent(L::group_max(k, steps));
-        if constexpr (Pol::kSubBlocks) {
-          if (pol.fast(s)) {
-            for (int64_t i = 0; i < nv; ++i) {
-              const F v = load(px + g + i * W);
-              store(py + g + i * W, pol.apply(v, sub_params(s, pol.key(v), true)));
-            }
-          } else {
-            for (int64_t i = 0; i < nv; ++i) {
-              const F v = load(px + g + i * W);
-              store(py + g + i * W, pol.apply(v, sub_params(s, pol.key(v), false)));
-            }
-          }
-        } else {
-          const Params p = pol.params(s, s);
-          for (int64_t i = 0; i < nv; ++i) store(py + g + i * W, pol.apply(load(px + g + i * W), p));
-        }
+        if (pol.fast(s)) group_of(std::true_type{}, s, px + g, py + g, nv);
+        else group_of(std::false_type{}, s, px + g, py + g, nv);
       }
     } else {
       for (int64_t g = 0; g < n_simd; g += W) {
         prefetch(px + g, py + g);
-        const F v = load(px + g);
-        const K k0 = pol.key(v);
-        const I s = pol.exponent(L::group_max(k0, steps));
-        bool fast = false;
-        if constexpr (Pol::kSubBlocks) fast = pol.fast(s);
-        store(py + g, pol.apply(v, sub_params(s, k0, fast)));
+        const I s = pol.exponent(L::group_max(pol.key(load(px + g)), steps));
+        if (pol.fast(s)) group_of(std::true_type{}, s, px + g, py + g, 1);
+        else group_of(std::false_type{}, s, px + g, py + g, 1);
       }
     }
     const auto tail = scalar();
@@ -293,9 +306,15 @@ struct Walker {
         K km = pol.key(load(row + v * W));
         for (int64_t j = 1; j < b - a; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
         const I sm = pol.exponent(km);
-        const Params prm = Fast ? pol.fast_params(s[v], sm) : pol.params(s[v], sm);
-        for (int64_t j = 0; j < b - a; ++j)
-          store(out + j * inner + v * W, pol.apply(load(row + j * inner + v * W), prm));
+        if constexpr (Fast) {
+          const auto prm = pol.fast_params(s[v], sm);
+          for (int64_t j = 0; j < b - a; ++j)
+            store(out + j * inner + v * W, pol.apply_fast(load(row + j * inner + v * W), prm));
+        } else {
+          const Params prm = pol.params(s[v], sm);
+          for (int64_t j = 0; j < b - a; ++j)
+            store(out + j * inner + v * W, pol.apply(load(row + j * inner + v * W), prm));
+        }
       }
     }
   }
@@ -332,12 +351,24 @@ struct Walker {
       else if (fast) tile_sub_blocks<0, true>(pol, px, py, n, sub, inner, nv, s);
       else tile_sub_blocks<0, false>(pol, px, py, n, sub, inner, nv, s);
     } else {
-      Params prm[kTileVectors];
-      for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
-      for (int64_t j = 0; j < n; ++j) {
-        const T* row = px + j * inner;
-        T* out = py + j * inner;
-        for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
+      bool fast = true;
+      for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
+      if (fast) {
+        typename Pol::Fast prm[kTileVectors];
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
+        for (int64_t j = 0; j < n; ++j) {
+          const T* row = px + j * inner;
+          T* out = py + j * inner;
+          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply_fast(load(row + v * W), prm[v]));
+        }
+      } else {
+        Params prm[kTileVectors];
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
+        for (int64_t j = 0; j < n; ++j) {
+          const T* row = px + j * inner;
+          T* out = py + j * inner;
+          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
+        }
       }
     }
     if constexpr (W > 1)
