@@ -291,32 +291,36 @@ struct Walker {
     for (int64_t j0 = n_simd; j0 < n; j0 += bs) tail.block(base + j0, min64(bs, n - j0), 1);
   }
 
-  // The sub-blocks of the tile of strided_tile, a sub-block (kSub rows, 0: `sub`) at a time,
-  // over the tile's nv vectors of columns with block maxima s[v]: the sub-block's maximum and
-  // parameters stay in registers, and the rows are read in order.
+  // The sub-blocks of the tile of strided_tile, a sub-block at a time over the tile's nv
+  // vectors of columns with block maxima s[v]: the sub-block's maximum and parameters stay in
+  // registers, and the rows are read in order. kSub > 0: the sub-block size, fixed at compile
+  // time for whole sub-blocks.
   template <int64_t kSub, bool Fast>
   MXOPS_VINL void tile_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t sub,
                                   int64_t inner, int64_t nv, const I* s) const {
-    if constexpr (kSub > 0) sub = kSub;
-    for (int64_t a = 0; a < n; a += sub) {
-      const int64_t b = min64(n, a + sub);
+    auto rows = [&](int64_t a, auto len_of) {
+      const int64_t len = len_of();
       const T* const row = px + a * inner;
       T* const out = py + a * inner;
       for (int64_t v = 0; v < nv; ++v) {
         K km = pol.key(load(row + v * W));
-        for (int64_t j = 1; j < b - a; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
+        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
         const I sm = pol.exponent(km);
         if constexpr (Fast) {
           const auto prm = pol.fast_params(s[v], sm);
-          for (int64_t j = 0; j < b - a; ++j)
+          for (int64_t j = 0; j < len; ++j)
             store(out + j * inner + v * W, pol.apply_fast(load(row + j * inner + v * W), prm));
         } else {
           const Params prm = pol.params(s[v], sm);
-          for (int64_t j = 0; j < b - a; ++j)
+          for (int64_t j = 0; j < len; ++j)
             store(out + j * inner + v * W, pol.apply(load(row + j * inner + v * W), prm));
         }
       }
-    }
+    };
+    int64_t a = 0;
+    if constexpr (kSub > 0)
+      for (; a + kSub <= n; a += kSub) rows(a, [] { return kSub; });
+    for (; a < n; a += sub) rows(a, [&] { return min64(n - a, sub); });
   }
 
   // Blocked axis outer: the block of `n` rows `inner` apart from `base`, over `cols`
