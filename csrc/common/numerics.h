@@ -387,6 +387,25 @@ MXOPS_HD F bfp_prime_element_by_addition(F x, const BfpPrimeParams<F>& p) {
   return u2f(f2u(r) | (u & 0x80000000u));
 }
 
+// bfp_prime_element_by_addition without flushing subnormals, the same bits where every
+// sub-block has es >= m + 1, i.e. every block s >= m + 2^shift_bits
+// (bfp_prime_addition_normal_block): then half the quantum, 2^(es - m - 127), is at least
+// 2^-126, so a subnormal |x| rounds to 0 as the flushed one does (a tie goes to the even 0).
+template <class I>
+MXOPS_HD LaneMask<I> bfp_prime_addition_normal_block(I s, int m, int shift_bits) {
+  return s >= m + (1 << shift_bits);
+}
+
+template <class F>
+MXOPS_HD F bfp_prime_element_by_addition_normal(F x, const BfpPrimeParams<F>& p) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const F a = u2f(u & 0x7fffffffu);
+  F r = (a + p.add) - p.add;
+  r = select(r > p.sat, p.sat, r);
+  return u2f(f2u(r) | (u & 0x80000000u));
+}
+
 // ------------------------------------------------------------------------------------------
 // OCP microscaling (MXQuantizeDequantize)
 // ------------------------------------------------------------------------------------------

@@ -149,6 +149,9 @@ struct PrimeLanes {
     return bfp_prime_addition_params(bfp_prime_exponent(s, sub, shift_bits), m);
   }
   MXOPS_VINL F apply_fast(F x, const Fast& p) const { return bfp_prime_element_by_addition(x, p); }
+  // Within the fast form, blocks whose subnormals round to 0 without the flush.
+  MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(s, m, shift_bits)); }
+  MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
 };
 
@@ -305,7 +308,7 @@ struct Walker {
   // vectors of columns with block maxima s[v]: the sub-block's maximum and parameters stay in
   // registers, and the rows are read in order. kSub > 0: the sub-block size, fixed at compile
   // time for whole sub-blocks.
-  template <int64_t kSub, bool Fast>
+  template <int64_t kSub, bool Fast, bool Normal = false>
   MXOPS_VINL void tile_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t sub,
                                   int64_t inner, int64_t nv, const I* s) const {
     auto rows = [&](int64_t a, auto len_of) {
@@ -318,8 +321,11 @@ struct Walker {
         const I sm = pol.exponent(km);
         if constexpr (Fast) {
           const auto prm = pol.fast_params(s[v], sm);
-          for (int64_t j = 0; j < len; ++j)
-            store(out + j * inner + v * W, pol.apply_fast(load(row + j * inner + v * W), prm));
+          for (int64_t j = 0; j < len; ++j) {
+            const F xv = load(row + j * inner + v * W);
+            if constexpr (Normal) store(out + j * inner + v * W, pol.apply_normal(xv, prm));
+            else store(out + j * inner + v * W, pol.apply_fast(xv, prm));
+          }
         } else {
           const Params prm = pol.params(s[v], sm);
           for (int64_t j = 0; j < len; ++j)
@@ -360,9 +366,11 @@ struct Walker {
         }
     }
     if constexpr (Pol::kSubBlocks) {
-      bool fast = true;
+      bool fast = true, normal = true;
       for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
-      if (fast && sub == 2) tile_sub_blocks<2, true>(pol, px, py, n, sub, inner, nv, s);
+      for (int64_t v = 0; v < nv; ++v) normal = normal && pol.normal(s[v]);
+      if (fast && normal && sub == 2) tile_sub_blocks<2, true, true>(pol, px, py, n, sub, inner, nv, s);
+      else if (fast && sub == 2) tile_sub_blocks<2, true>(pol, px, py, n, sub, inner, nv, s);
       else if (fast) tile_sub_blocks<0, true>(pol, px, py, n, sub, inner, nv, s);
       else tile_sub_blocks<0, false>(pol, px, py, n, sub, inner, nv, s);
     } else {
