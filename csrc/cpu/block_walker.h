@@ -7,8 +7,7 @@
 // A lane set L provides: W (lanes), F / I / U (float, signed, unsigned lane types), all(mask),
 // group_max(v, steps) (maximum over aligned groups of 2^steps lanes, in every lane of the
 // group), and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
-// numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs); vector
-// lanes also stream<Float32>(float*, F), a non-temporal store to an aligned address.
+// numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs).
 //
 // Everything here has internal linkage (an anonymous namespace): the SIMD translation units
 // are compiled with AVX2 / AVX-512 flags, and an inline function they emit must never be
@@ -34,10 +33,6 @@ constexpr int64_t kChunk = 16384;
 constexpr int64_t kTileColumns = 128;
 // Software prefetch distance along a stream, in bytes.
 constexpr int64_t kPrefetchBytes = 2048;
-// Outputs of at least this many bytes are written with non-temporal stores where the vector
-// stores are aligned (SIMD float32 paths): far larger than the last-level cache, they would
-// only evict the input, and streaming saves reading each output line before writing it.
-constexpr int64_t kStreamBytes = int64_t{32} << 20;
 
 namespace {
 
@@ -189,8 +184,7 @@ struct MxLanes {
 // The walker
 // ------------------------------------------------------------------------------------------
 
-// Stream: vector stores are non-temporal (float32 output only; every vector store aligned).
-template <class L, class IO, bool Bf16First, class Pol, bool Stream = false>
+template <class L, class IO, bool Bf16First, class Pol>
 struct Walker {
   using T = typename IO::T;
   using F = typename L::F;
@@ -211,15 +205,11 @@ struct Walker {
     if constexpr (Bf16First) return bf16_round_bits(f);
     return f;
   }
-  static MXOPS_VINL void store(T* p, F v) {
-    if constexpr (Stream) L::stream(p, v);
-    else L::template store<IO>(p, v);
-  }
+  static MXOPS_VINL void store(T* p, F v) { L::template store<IO>(p, v); }
 
-  // Streamed outputs are never read into the cache.
   static MXOPS_VINL void prefetch(const T* p, T* q) {
     __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, 3);
-    if constexpr (!Stream) __builtin_prefetch(reinterpret_cast<char*>(q) + kPrefetchBytes, 1, 3);
+    __builtin_prefetch(reinterpret_cast<char*>(q) + kPrefetchBytes, 1, 3);
   }
 
   // The walker of the same op one element per lane, for the tails of a vector walk.
@@ -361,8 +351,7 @@ struct Walker {
       for (int64_t j = 0; j < n; ++j)
         for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
           __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 2);
-          if constexpr (!Stream)
-            __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
+          __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
         }
     }
     if constexpr (Pol::kSubBlocks) {
@@ -433,26 +422,19 @@ MXOPS_VINL bool vector_walk_supported(const QdqParams& p, const Geometry& g) {
 }
 
 // The one dispatch from runtime parameters to a walker: calls fn(walker) with the walker of
-// lanes L that `p` and `t` select; `stream` (SIMD lanes, float32): non-temporal stores.
+// lanes L that `p` and `t` select.
 template <class L, class Fn>
-void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g, Fn&& fn,
-                 bool stream = false) {
+void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g, Fn&& fn) {
   auto with_io = [&](auto io_tag, auto pol) {
     using IO = decltype(io_tag);
     using T = typename IO::T;
-    auto go = [&](auto bf16_first, auto stream_tag) {
-      fn(Walker<L, IO, decltype(bf16_first)::value, decltype(pol), decltype(stream_tag)::value>{
+    auto go = [&](auto bf16_first) {
+      fn(Walker<L, IO, decltype(bf16_first)::value, decltype(pol)>{
           static_cast<const T*>(x), static_cast<T*>(y), g.length, g.inner, p.block_size,
           p.method == Method::kToBfpPrime ? p.sub_block_size : p.block_size, pol});
     };
-    auto go_stream = [&](auto bf16_first) {
-      if constexpr (L::W > 1 && std::is_same_v<IO, Float32>) {
-        if (stream) return go(bf16_first, std::true_type{});
-      }
-      go(bf16_first, std::false_type{});
-    };
-    if (p.method != Method::kMx && p.bf16_first) go_stream(std::true_type{});
-    else go_stream(std::false_type{});
+    if (p.method != Method::kMx && p.bf16_first) go(std::true_type{});
+    else go(std::false_type{});
   };
   auto with_policy = [&](auto pol) {
     switch (t) {

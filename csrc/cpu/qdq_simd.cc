@@ -100,14 +100,6 @@ struct VecLanes {
     }
   }
 
-  static MXOPS_VINL void stream(float* p, F f) {
-#if MXOPS_SIMD_WIDTH == 16
-    _mm512_stream_ps(p, reinterpret_cast<__m512>(f));
-#else
-    _mm256_stream_ps(p, reinterpret_cast<__m256>(f));
-#endif
-  }
-
   template <class IO>
   static MXOPS_VINL void store(typename IO::T* p, F f) {
     if constexpr (std::is_same_v<IO, Float32>) {
@@ -131,12 +123,7 @@ bool supports(const QdqParams& p, const Geometry& g) { return vector_walk_suppor
 void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                int64_t u0, int64_t u1) {
   const UnitPlan plan = plan_units(g, p.block_size);
-  // Non-temporal stores where every vector store is aligned: float32 rows of whole vectors.
-  const bool stream = t == DType::kFloat32 && g.num_elements * int64_t(sizeof(float)) >= kStreamBytes &&
-                      reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 &&
-                      (g.inner == 1 ? g.length % W == 0 : g.inner % W == 0);
-  with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, stream);
-  if (stream) _mm_sfence();  // the streamed stores are visible before the task ends
+  with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); });
 }
 
 void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale, uint16_t zero_point) {
