@@ -119,6 +119,24 @@ MXOPS_HD LaneI<U> finite_exponent(U u) {
   return select(e == 255, splat<LaneI<U>>(0), e);
 }
 
+// Block-maximum keys, a cheaper exact form of the maxima above: u << 1 drops the sign and
+// keeps the order of |x|'s bits, so its top 8 bits are exponent_field(u) and the maximum of
+// the keys over a block decodes to the maximum of exponent_field (exponent_of_key).
+template <class U>
+MXOPS_HD U exponent_key(U u) { return u << 1; }
+template <class U>
+MXOPS_HD LaneI<U> exponent_of_key(U k) { return as_int(k >> 24); }
+
+// The same for finite_exponent: adding 1 to the top 8 bits maps e to e + 1 for e <= 254 and
+// wraps 255 (Inf/NaN) to 0, below every finite key; a maximum with top bits t decodes to
+// max(t, 1) - 1, which is 0 for a block of Inf/NaN only, as finite_exponent's maximum is.
+template <class U>
+MXOPS_HD U finite_exponent_key(U u) { return (u << 1) + 0x01000000u; }
+template <class U>
+MXOPS_HD LaneI<U> finite_exponent_of_key(U k) {
+  return imax(as_int(k >> 24), splat<LaneI<U>>(1)) - 1;
+}
+
 // e(x) == 255.
 template <class U>
 MXOPS_HD LaneMask<U> is_inf_or_nan(U u) { return (u & 0x7f800000u) == 0x7f800000u; }
@@ -329,6 +347,32 @@ MXOPS_HD LaneMask<F> bfp_prime_addition_exact(const BfpPrimeParams<F>& p) {
   return (p.t_base <= 254) & (p.nan == 0);
 }
 
+// The sub-block exponent es = s - shift that bfp_prime_params scales by.
+template <class I>
+MXOPS_HD I bfp_prime_exponent(I s, I sub_max, int shift_bits) {
+  return s - bfp_prime_shift(s, sub_max, shift_bits);
+}
+
+// Where bfp_prime_addition_params applies to every sub-block of a block with maximum s: no
+// Inf/NaN (s <= 254) and t_base = es + 24 - m <= 254 for every es <= s.
+template <class I>
+MXOPS_HD LaneMask<I> bfp_prime_addition_block(I s, int m) {
+  return (s <= 254) & (s <= 230 + m);
+}
+
+// bfp_prime_params' add and sat (all that bfp_prime_element_by_addition reads) from es alone,
+// where bfp_prime_addition_block(s, m) holds: es >= 0 and m <= 23 put t_base = es + 24 - m in
+// [1, 254], so quantum = 2^(t_base - 150) is exact and quantum * 2^23 is the normal float of
+// exponent field t_base; sat = (2^m - 1) * quantum = add * (2^m - 1) * 2^-23 is exact both ways.
+template <class I>
+MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_addition_params(I es, int m) {
+  using F = LaneF<I>;
+  BfpPrimeParams<F> p{};
+  p.add = u2f(as_uint(es + (24 - m)) << 23);
+  p.sat = p.add * (static_cast<float>((1u << m) - 1u) * 1.1920928955078125e-7f);  // 2^-23
+  return p;
+}
+
 // bfp_prime_element<kHalfEven> by one addition: (|x| + quantum * 2^23) - quantum * 2^23
 // rounds |x| (< 2^m quanta) to a multiple of the quantum to nearest even; min() with
 // (2^m - 1) * quantum is the saturation (a truncated q of 2^m - 1 is kept).
@@ -338,6 +382,25 @@ MXOPS_HD F bfp_prime_element_by_addition(F x, const BfpPrimeParams<F>& p) {
   const U u = f2u(x);
   const U a_bits = u & 0x7fffffffu;
   const F a = select(a_bits < 0x00800000u, splat<F>(0.0f), u2f(a_bits));  // subnormals flush
+  F r = (a + p.add) - p.add;
+  r = select(r > p.sat, p.sat, r);
+  return u2f(f2u(r) | (u & 0x80000000u));
+}
+
+// bfp_prime_element_by_addition without flushing subnormals, the same bits where every
+// sub-block has es >= m + 1, i.e. every block s >= m + 2^shift_bits
+// (bfp_prime_addition_normal_block): then half the quantum, 2^(es - m - 127), is at least
+// 2^-126, so a subnormal |x| rounds to 0 as the flushed one does (a tie goes to the even 0).
+template <class I>
+MXOPS_HD LaneMask<I> bfp_prime_addition_normal_block(I s, int m, int shift_bits) {
+  return s >= m + (1 << shift_bits);
+}
+
+template <class F>
+MXOPS_HD F bfp_prime_element_by_addition_normal(F x, const BfpPrimeParams<F>& p) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const F a = u2f(u & 0x7fffffffu);
   F r = (a + p.add) - p.add;
   r = select(r > p.sat, p.sat, r);
   return u2f(f2u(r) | (u & 0x80000000u));
@@ -413,6 +476,49 @@ MXOPS_HD F mx_element(F x, const MxScale<F>& p, const MxElement& f) {
   v = is_int ? round_to_int_element<Mode>(v) : round_to_element(v, f);
   const F y = p.X * v;
   return select(special, x, y);
+}
+
+// mx_element of a floating element type without the division by X and the multiplication
+// back: where mx_direct_block(s, f) holds (k = mx_scale_exponent(s, f.emax) with
+// pow2_pair_normal(k); lo = emin + 127 + k >= 1; s + 23 - mantissa_bits <= 254), rounding |x|
+// to a multiple of X * quantum(v) is X * round_to_element(v) exactly: v = x / X is exact when
+// normal, and both sums of the rounding are normal floats, so scaling by X commutes with their
+// rounding; a subnormal v rounds to 0 either way (|v| < 2^-126, far below half a quantum).
+// The quantum's exponent max(e(|v|), emin + 127) + k is max(e(|x|), lo) (e(|x|) <= k for a
+// subnormal v), at most s, which keeps c finite; clamping at X * max_normal is the clamp at
+// max_normal scaled.
+template <class F>
+struct MxDirect {
+  LaneU<F> lo;  // lo << 23
+  F max_v;      // X * max_normal
+};
+
+template <class I>
+MXOPS_HD LaneMask<I> mx_direct_block(I s, const MxElement& f) {
+  const I k = mx_scale_exponent(s, f.emax);
+  return pow2_pair_normal(k) & (k >= -126 - f.emin) & (s <= 231 + f.mantissa_bits);
+}
+
+template <class I>
+MXOPS_HD MxDirect<LaneF<I>> mx_direct_params(I s, const MxElement& f) {
+  const I k = mx_scale_exponent(s, f.emax);
+  MxDirect<LaneF<I>> p;
+  p.lo = as_uint(k + (f.emin + 127)) << 23;
+  p.max_v = pow2_normal(k) * f.max_normal;
+  return p;
+}
+
+template <class F>
+MXOPS_HD F mx_float_element_direct(F x, const MxDirect<F>& p, const MxElement& f) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const U a_bits = u & 0x7fffffffu;
+  const U c_bits = imax(a_bits & 0x7f800000u, p.lo) + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23);
+  const F c = u2f(c_bits);
+  F r = (u2f(a_bits) + c) - c;
+  r = select(r > p.max_v, p.max_v, r);
+  const F y = select(r == 0.0f, splat<F>(0.0f), u2f(f2u(r) | (u & 0x80000000u)));
+  return select(as_int(a_bits) > 0x7f7fffff, x, y);  // Inf / NaN pass through
 }
 
 // ------------------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ struct ScalarLanes {
   using I = int32_t;
   using U = uint32_t;
   static MXOPS_VINL bool all(bool m) { return m; }
-  static MXOPS_VINL I group_max(I v, int /*steps*/) { return v; }
+  template <class V>
+  static MXOPS_VINL V group_max(V v, int /*steps*/) { return v; }
   template <class IO, bool Exact = false>
   static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
   template <class IO>
@@ -84,23 +85,32 @@ struct ScalarLanes {
 
 // ------------------------------------------------------------------------------------------
 // Policies over lanes: key / params / apply of block_ops.h, choosing the cheaper exact forms
-// of numerics.h when every lane allows them (the results are the same bits).
+// of numerics.h when every lane allows them (the results are the same bits). A block's
+// maximum runs over key() (an unsigned lane, numerics.h's block-maximum keys) and
+// exponent() decodes it to the exponent params() takes.
 // ------------------------------------------------------------------------------------------
+
+// Every policy also has a fast form: fast(s) says whether every lane of blocks with maxima s
+// allows it, fast_params(s, sub) / apply_fast(x, p) compute it; the walker decides once per
+// tile or group of blocks, so the loops over elements carry no branch.
 
 // Small: m <= 21, the one-addition round of round_half (kHalfEven).
 template <class L, int Mode, bool Small>
 struct BfpLanes {
   using F = typename L::F;
   using I = typename L::I;
+  using K = typename L::U;
   using Params = BfpScale<F>;
+  using Fast = BfpScale<F>;
   static constexpr bool kSubBlocks = false;
   int m;
-  MXOPS_VINL I key(F x) const { return finite_exponent(f2u(x)); }
-  MXOPS_VINL Params params(I s, I) const {
-    if (L::all(pow2_pair_normal(bfp_scale_exponent(s, m)))) return bfp_scale<true>(s, m);
-    return bfp_scale(s, m);
-  }
+  MXOPS_VINL K key(F x) const { return finite_exponent_key(f2u(x)); }
+  MXOPS_VINL I exponent(K k) const { return finite_exponent_of_key(k); }
+  MXOPS_VINL Params params(I s, I) const { return bfp_scale(s, m); }
   MXOPS_VINL F apply(F x, const Params& p) const { return to_bfp_element<Mode, Small>(x, p); }
+  MXOPS_VINL bool fast(I s) const { return L::all(pow2_pair_normal(bfp_scale_exponent(s, m))); }
+  MXOPS_VINL Fast fast_params(I s, I) const { return bfp_scale<true>(s, m); }
+  MXOPS_VINL F apply_fast(F x, const Fast& p) const { return to_bfp_element<Mode, Small>(x, p); }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
 };
 
@@ -108,13 +118,16 @@ template <class L, int Mode>
 struct PrimeLanes {
   using F = typename L::F;
   using I = typename L::I;
+  using K = typename L::U;
   struct Params {
     BfpPrimeParams<F> core;
     bool by_addition;  // kHalfEven and bfp_prime_addition_exact in every lane
   };
   static constexpr bool kSubBlocks = true;
   int m, sub_block_size, shift_bits;
-  MXOPS_VINL I key(F x) const { return exponent_field(f2u(x)); }
+  MXOPS_VINL K key(F x) const { return exponent_key(f2u(x)); }
+  MXOPS_VINL I exponent(K k) const { return exponent_of_key(k); }
+  using Fast = BfpPrimeParams<F>;
   MXOPS_VINL Params params(I s, I sub) const {
     Params p;
     p.core = bfp_prime_params(s, sub, shift_bits, m);
@@ -125,63 +138,47 @@ struct PrimeLanes {
     if (p.by_addition) return bfp_prime_element_by_addition(x, p.core);
     return bfp_prime_element<Mode>(x, p.core, m);
   }
+  // Every sub-block by one addition, its add and sat straight from its exponent.
+  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(s, m)); }
+  MXOPS_VINL Fast fast_params(I s, I sub) const {
+    return bfp_prime_addition_params(bfp_prime_exponent(s, sub, shift_bits), m);
+  }
+  MXOPS_VINL F apply_fast(F x, const Fast& p) const { return bfp_prime_element_by_addition(x, p); }
+  // Within the fast form, blocks whose subnormals round to 0 without the flush.
+  MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(s, m, shift_bits)); }
+  MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
-
-  // With one shift bit (MX9 / MX6 / MX4) a sub-block's shift is 0 (its maximum is the
-  // block's) or 1, so its parameters are one of two sets computed once per block: `two`
-  // when both allow the addition form in every lane; sub_params then picks per lane.
-  struct BlockParams {
-    Params p0, p1;
-    bool two;
-  };
-  MXOPS_VINL BlockParams block_params(I s) const {
-    BlockParams b;
-    b.two = false;
-    if (shift_bits != 1) return b;
-    b.p0 = params(s, s);
-    b.p1 = params(s, s - 1);
-    b.two = b.p0.by_addition && b.p1.by_addition;
-    return b;
-  }
-  MXOPS_VINL Params sub_params(const BlockParams& b, I s, I sm) const {
-    if (!b.two) return params(s, sm);
-    const auto shifted = sm < s;
-    Params p;
-    p.core.add = select(shifted, b.p1.core.add, b.p0.core.add);
-    p.core.sat = select(shifted, b.p1.core.sat, b.p0.core.sat);
-    p.by_addition = true;
-    return p;
-  }
 };
 
+// Fast: floating elements by mx_float_element_direct, integer ones with NormalOnly scales.
 template <class L, int Mode, int Kind>
 struct MxLanes {
   using F = typename L::F;
   using I = typename L::I;
+  using K = typename L::U;
   using Params = MxScale<F>;
+  static constexpr bool kDirect = Kind == kMxFloatElement;
+  using Fast = std::conditional_t<kDirect, MxDirect<F>, MxScale<F>>;
   static constexpr bool kSubBlocks = false;
   MxElement element;
-  MXOPS_VINL I key(F x) const { return finite_exponent(f2u(x)); }
-  MXOPS_VINL Params params(I s, I) const {
-    if (L::all(pow2_pair_normal(mx_scale_exponent(s, element.emax)))) return mx_scale<true>(s, element.emax);
-    return mx_scale(s, element.emax);
-  }
+  MXOPS_VINL K key(F x) const { return finite_exponent_key(f2u(x)); }
+  MXOPS_VINL I exponent(K k) const { return finite_exponent_of_key(k); }
+  MXOPS_VINL Params params(I s, I) const { return mx_scale(s, element.emax); }
   MXOPS_VINL F apply(F x, const Params& p) const { return mx_element<Mode, Kind>(x, p, element); }
+  MXOPS_VINL bool fast(I s) const {
+    if constexpr (kDirect) return L::all(mx_direct_block(s, element));
+    return L::all(pow2_pair_normal(mx_scale_exponent(s, element.emax)));
+  }
+  MXOPS_VINL Fast fast_params(I s, I) const {
+    if constexpr (kDirect) return mx_direct_params(s, element);
+    else return mx_scale<true>(s, element.emax);
+  }
+  MXOPS_VINL F apply_fast(F x, const Fast& p) const {
+    if constexpr (kDirect) return mx_float_element_direct(x, p, element);
+    else return mx_element<Mode, Kind>(x, p, element);
+  }
   MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
 };
-
-// The per-block parameter sets of a policy with sub-blocks (PrimeLanes::BlockParams); an
-// unused placeholder for the others.
-template <class Pol, class = void>
-struct BlockParamsOfT {
-  using type = char;
-};
-template <class Pol>
-struct BlockParamsOfT<Pol, std::void_t<typename Pol::BlockParams>> {
-  using type = typename Pol::BlockParams;
-};
-template <class Pol>
-using BlockParamsOf = typename BlockParamsOfT<Pol>::type;
 
 // ------------------------------------------------------------------------------------------
 // The walker
@@ -192,6 +189,7 @@ struct Walker {
   using T = typename IO::T;
   using F = typename L::F;
   using I = typename L::I;
+  using K = typename Pol::K;
   using Params = typename Pol::Params;
   static constexpr int W = L::W;
   static constexpr int64_t kTileVectors = kTileColumns / W;
@@ -222,15 +220,16 @@ struct Walker {
 
   // One block of `n` elements `stride` apart from `base`, a lane per element (W == 1).
   void block(int64_t base, int64_t n, int64_t stride) const {
-    I s = 0;
-    for (int64_t j = 0; j < n; ++j) s = imax(s, pol.key(load(x + base + j * stride)));
+    K k = 0;
+    for (int64_t j = 0; j < n; ++j) k = imax(k, pol.key(load(x + base + j * stride)));
+    const I s = pol.exponent(k);
     const int64_t step = Pol::kSubBlocks ? sub : n;
     for (int64_t j0 = 0; j0 < n; j0 += step) {
       const int64_t j1 = min64(n, j0 + step);
-      I sm = 0;
+      K km = 0;
       if constexpr (Pol::kSubBlocks)
-        for (int64_t j = j0; j < j1; ++j) sm = imax(sm, pol.key(load(x + base + j * stride)));
-      const Params prm = pol.params(s, sm);
+        for (int64_t j = j0; j < j1; ++j) km = imax(km, pol.key(load(x + base + j * stride)));
+      const Params prm = pol.params(s, pol.exponent(km));
       for (int64_t j = j0; j < j1; ++j) store(y + base + j * stride, pol.apply(load(x + base + j * stride), prm));
     }
   }
@@ -248,55 +247,105 @@ struct Walker {
     const int64_t n_simd = n / group * group;
     const int steps = log2_exact(min64(bs, W));
     const int sub_steps = Pol::kSubBlocks ? log2_exact(sub) : steps;
+    // One vector from p: the parameters of its (sub-)blocks, maxima s, and its result.
+    auto one = [&](auto fast_tag, I s, const T* p, T* q) {
+      constexpr bool kFast = decltype(fast_tag)::value;
+      const F v = load(p);
+      I sm = s;
+      if constexpr (Pol::kSubBlocks) sm = pol.exponent(L::group_max(pol.key(v), sub_steps));
+      if constexpr (kFast) store(q, pol.apply_fast(v, pol.fast_params(s, sm)));
+      else store(q, pol.apply(v, pol.params(s, sm)));
+    };
+    // nv vectors of one group, blocks with maxima s; the parameters of whole blocks once.
+    auto group_of = [&](auto fast_tag, I s, const T* p, T* q, int64_t nv) {
+      constexpr bool kFast = decltype(fast_tag)::value;
+      if constexpr (Pol::kSubBlocks) {
+        for (int64_t i = 0; i < nv; ++i) one(fast_tag, s, p + i * W, q + i * W);
+      } else if constexpr (kFast) {
+        const auto prm = pol.fast_params(s, s);
+        for (int64_t i = 0; i < nv; ++i) store(q + i * W, pol.apply_fast(load(p + i * W), prm));
+      } else {
+        const auto prm = pol.params(s, s);
+        for (int64_t i = 0; i < nv; ++i) store(q + i * W, pol.apply(load(p + i * W), prm));
+      }
+    };
     if (bs >= W) {
       const int64_t nv = bs / W;
       for (int64_t g = 0; g < n_simd; g += group) {
         prefetch(px + g, py + g);
-        I s = pol.key(load(px + g));
+        K k = pol.key(load(px + g));
         for (int64_t i = 1; i < nv; ++i) {
           prefetch(px + g + i * W, py + g + i * W);
-          s = imax(s, pol.key(load(px + g + i * W)));
+          k = imax(k, pol.key(load(px + g + i * W)));
         }
-        s = L::group_max(s, steps);
-        if constexpr (Pol::kSubBlocks) {
-          for (int64_t i = 0; i < nv; ++i) {
-            const F v = load(px + g + i * W);
-            store(py + g + i * W, pol.apply(v, pol.params(s, L::group_max(pol.key(v), sub_steps))));
-          }
-        } else {
-          const Params p = pol.params(s, s);
-          for (int64_t i = 0; i < nv; ++i) store(py + g + i * W, pol.apply(load(px + g + i * W), p));
-        }
+        const I s = pol.exponent(L::group_max(k, steps));
+        if (pol.fast(s)) group_of(std::true_type{}, s, px + g, py + g, nv);
+        else group_of(std::false_type{}, s, px + g, py + g, nv);
       }
     } else {
       for (int64_t g = 0; g < n_simd; g += W) {
         prefetch(px + g, py + g);
-        const F v = load(px + g);
-        const I k0 = pol.key(v);
-        const I s = L::group_max(k0, steps);
-        const I sm = Pol::kSubBlocks ? L::group_max(k0, sub_steps) : s;
-        store(py + g, pol.apply(v, pol.params(s, sm)));
+        const I s = pol.exponent(L::group_max(pol.key(load(px + g)), steps));
+        if (pol.fast(s)) group_of(std::true_type{}, s, px + g, py + g, 1);
+        else group_of(std::false_type{}, s, px + g, py + g, 1);
       }
     }
     const auto tail = scalar();
     for (int64_t j0 = n_simd; j0 < n; j0 += bs) tail.block(base + j0, min64(bs, n - j0), 1);
   }
 
+  // The sub-blocks of the tile of strided_tile, a sub-block at a time over the tile's nv
+  // vectors of columns with block maxima s[v]: the sub-block's maximum and parameters stay in
+  // registers, and the rows are read in order. kSub > 0: the sub-block size, fixed at compile
+  // time for whole sub-blocks.
+  template <int64_t kSub, bool Fast, bool Normal = false>
+  MXOPS_VINL void tile_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t sub,
+                                  int64_t inner, int64_t nv, const I* s) const {
+    auto rows = [&](int64_t a, auto len_of) {
+      const int64_t len = len_of();
+      const T* const row = px + a * inner;
+      T* const out = py + a * inner;
+      for (int64_t v = 0; v < nv; ++v) {
+        K km = pol.key(load(row + v * W));
+        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
+        const I sm = pol.exponent(km);
+        if constexpr (Fast) {
+          const auto prm = pol.fast_params(s[v], sm);
+          for (int64_t j = 0; j < len; ++j) {
+            const F xv = load(row + j * inner + v * W);
+            if constexpr (Normal) store(out + j * inner + v * W, pol.apply_normal(xv, prm));
+            else store(out + j * inner + v * W, pol.apply_fast(xv, prm));
+          }
+        } else {
+          const Params prm = pol.params(s[v], sm);
+          for (int64_t j = 0; j < len; ++j)
+            store(out + j * inner + v * W, pol.apply(load(row + j * inner + v * W), prm));
+        }
+      }
+    };
+    int64_t a = 0;
+    if constexpr (kSub > 0)
+      for (; a + kSub <= n; a += kSub) rows(a, [] { return kSub; });
+    for (; a < n; a += sub) rows(a, [&] { return min64(n - a, sub); });
+  }
+
   // Blocked axis outer: the block of `n` rows `inner` apart from `base`, over `cols`
-  // neighbouring columns, W columns per vector; the columns left over by the scalar walker.
+  // neighbouring columns, W columns per vector, rows read in order; the columns left over by
+  // the scalar walker.
   void strided_tile(int64_t base, int64_t n, int64_t cols) const {
     const Pol pol = this->pol;
     const T* const px = x + base;
     T* const py = y + base;
     const int64_t inner = this->inner, sub = this->sub;
     const int64_t nv = cols / W;
-    I s[kTileVectors], sm[kTileVectors];
-    Params prm[kTileVectors];
-    for (int64_t v = 0; v < nv; ++v) s[v] = pol.key(load(px + v * W));
+    K k[kTileVectors];
+    I s[kTileVectors];
+    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(px + v * W));
     for (int64_t j = 1; j < n; ++j) {
       const T* row = px + j * inner;
-      for (int64_t v = 0; v < nv; ++v) s[v] = imax(s[v], pol.key(load(row + v * W)));
+      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
     }
+    for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
     // the next tile of these rows, for reading and for writing, while this one is computed
     if (cols == kTileColumns && base % inner + 2 * kTileColumns <= inner) {
       for (int64_t j = 0; j < n; ++j)
@@ -305,26 +354,33 @@ struct Walker {
           __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
         }
     }
-    const int64_t step = Pol::kSubBlocks ? sub : n;
-    [[maybe_unused]] BlockParamsOf<Pol> bp[Pol::kSubBlocks ? kTileVectors : 1];
-    if constexpr (Pol::kSubBlocks)
-      for (int64_t v = 0; v < nv; ++v) bp[v] = pol.block_params(s[v]);
-    for (int64_t a = 0; a < n; a += step) {
-      const int64_t b = min64(n, a + step);
-      if constexpr (Pol::kSubBlocks) {
-        for (int64_t v = 0; v < nv; ++v) sm[v] = pol.key(load(px + a * inner + v * W));
-        for (int64_t j = a + 1; j < b; ++j) {
+    if constexpr (Pol::kSubBlocks) {
+      bool fast = true, normal = true;
+      for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
+      for (int64_t v = 0; v < nv; ++v) normal = normal && pol.normal(s[v]);
+      if (fast && normal && sub == 2) tile_sub_blocks<2, true, true>(pol, px, py, n, sub, inner, nv, s);
+      else if (fast && sub == 2) tile_sub_blocks<2, true>(pol, px, py, n, sub, inner, nv, s);
+      else if (fast) tile_sub_blocks<0, true>(pol, px, py, n, sub, inner, nv, s);
+      else tile_sub_blocks<0, false>(pol, px, py, n, sub, inner, nv, s);
+    } else {
+      bool fast = true;
+      for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
+      if (fast) {
+        typename Pol::Fast prm[kTileVectors];
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
+        for (int64_t j = 0; j < n; ++j) {
           const T* row = px + j * inner;
-          for (int64_t v = 0; v < nv; ++v) sm[v] = imax(sm[v], pol.key(load(row + v * W)));
+          T* out = py + j * inner;
+          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply_fast(load(row + v * W), prm[v]));
         }
-        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.sub_params(bp[v], s[v], sm[v]);
       } else {
+        Params prm[kTileVectors];
         for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
-      }
-      for (int64_t j = a; j < b; ++j) {
-        const T* row = px + j * inner;
-        T* out = py + j * inner;
-        for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
+        for (int64_t j = 0; j < n; ++j) {
+          const T* row = px + j * inner;
+          T* out = py + j * inner;
+          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
+        }
       }
     }
     if constexpr (W > 1)

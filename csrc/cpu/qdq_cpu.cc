@@ -18,6 +18,9 @@ namespace {
 // Elements per parallel task: large enough to amortise a thread-pool dispatch (a tensor of
 // up to this many elements runs on the calling thread alone).
 constexpr int64_t kElementsPerTask = 1 << 16;
+// The same for the block ops, whose elements cost several times a copy's: a tensor of 64 Ki
+// elements already pays for splitting over two threads.
+constexpr int64_t kBlockElementsPerTask = 1 << 14;
 
 // A one-element tensor is returned unchanged (rounded to bfloat16 first when asked).
 template <class IO>
@@ -131,7 +134,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   if (isa == Isa::kAvx2 && !simd8::supports(p, g)) isa = Isa::kScalar;
 #endif
   const UnitPlan plan = plan_units(g, p.block_size);
-  const int64_t per_task = std::max<int64_t>(1, kElementsPerTask / plan.unit_elements);
+  const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
   run(tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);

@@ -69,7 +69,8 @@ struct VecLanes {
   // Maximum over aligned groups of 2^steps lanes: a butterfly of lane swaps (lane i with
   // lane i ^ 2^k).
   // Each step's lane pattern is a constant, so it compiles to an in-lane shuffle where it can.
-  static MXOPS_VINL I group_max(I v, int steps) {
+  template <class V>
+  static MXOPS_VINL V group_max(V v, int steps) {
     if (steps > 0) v = imax(v, __builtin_shuffle(v, iota() ^ 1));
     if (steps > 1) v = imax(v, __builtin_shuffle(v, iota() ^ 2));
     if (steps > 2) v = imax(v, __builtin_shuffle(v, iota() ^ 4));
