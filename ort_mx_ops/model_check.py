@@ -26,11 +26,12 @@ _ONNX_TYPES = {"int": AttributeProto.INT, "string": AttributeProto.STRING,
                "ints": AttributeProto.INTS}
 
 # The packed-weight decoders (docs/packed_weights.md) take the attributes of the block op of
-# their family, without rounding_mode / convert_to_bfloat_before_bfp, plus the output shape.
+# their family, without rounding_mode, plus the output shape; convert_to_bfloat_before_bfp
+# may only be 0 (it acted when the weight was folded).
 _PACKED = {"MXDequantize": "MXQuantizeDequantize", "BFPDequantize": "BFPQuantizeDequantize"}
-_PACKED_UNUSED = {"rounding_mode", "convert_to_bfloat_before_bfp",
-                  "use_compiler_version_cpu_kernel"}
-_SHAPE = AttrSpec("shape", "ints", None)
+_PACKED_UNUSED = {"rounding_mode", "use_compiler_version_cpu_kernel"}
+_PACKED_ONLY = {a.name: a for a in (AttrSpec("shape", "ints", None),
+                                    AttrSpec("convert_to_bfloat_before_bfp", "int", 0, 0, 0))}
 
 
 def _schema(node: onnx.NodeProto) -> Optional[tuple[str, dict[str, AttrSpec]]]:
@@ -38,7 +39,8 @@ def _schema(node: onnx.NodeProto) -> Optional[tuple[str, dict[str, AttrSpec]]]:
     if node.domain == PRODUCT_DOMAIN and node.op_type in _PACKED:
         op = _PACKED[node.op_type]
         attrs = {a.name: a for a in OPS[op].attrs if a.name not in _PACKED_UNUSED}
-        return op, {**attrs, "shape": _SHAPE}
+        attrs.update((n, a) for n, a in _PACKED_ONLY.items() if n == "shape" or n in attrs)
+        return op, attrs
     schema = OPS.get(node.op_type)
     if schema is None or schema.domain != node.domain:
         return None
@@ -90,6 +92,9 @@ def model_problems(model: onnx.ModelProto) -> tuple[int, list[str]]:
         if shape is not None and any(d < 0 for d in shape):
             problems.append(f"{where}: attribute 'shape' has a negative dimension")
         try:
+            for name, value in values.items():  # the packed ops' narrower ranges
+                if specs[name] is _PACKED_ONLY.get(name):
+                    specs[name].check(op, value)
             resolve_attrs(op, values)
         except ValueError as exc:
             problems.append(f"{where}: {str(exc).split(': ', 1)[-1]}")

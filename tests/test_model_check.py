@@ -121,6 +121,19 @@ def test_packed_node_attributes_are_checked():
     assert any("attribute 'shape' (ints, the output's shape) is required" in p for p in problems)
 
 
+@pytest.mark.parametrize("value,ok", [(0, True), (1, False)])
+def test_packed_bfp_takes_convert_to_bfloat_before_bfp_zero_only(value, ok):
+    # docs/packed_weights.md: the attribute may be given, and must be 0; the kernel agrees.
+    model = quantize_model(conv_model(), None, "BFP16", weight_storage="packed").model
+    node = next(n for n in model.graph.node if n.op_type == "BFPDequantize")
+    node.attribute.append(helper.make_attribute("convert_to_bfloat_before_bfp", value))
+    _, problems = model_problems(model)
+    assert (problems == []) == ok
+    if not ok:
+        assert "convert_to_bfloat_before_bfp must be in [0, 0], got 1" in problems[0]
+    assert bool(_session_error(model)) != ok
+
+
 def test_cli_one_line_per_problem_and_exit_codes(tmp_path, capsys):
     bad, good = tmp_path / "bad.onnx", tmp_path / "good.onnx"
     onnx.save(_model(blocksize=32, rounding_mode=9), bad)
