@@ -66,6 +66,8 @@ class TuningReport:
     samples: int = 0
     held_out: int = 0
     seconds: float = 0.0
+    # What the model-level guard compared and kept (None: it did not run).
+    model_guard: Optional[dict[str, Any]] = None
 
     def lines(self) -> list[str]:
         out = [f"weight tuning ({', '.join(self.algorithms)}): {len(self.layers)} layers, "
@@ -77,6 +79,10 @@ class TuningReport:
             out.append(f"  {c.node or c.weight:<32} {c.op:<13} {c.err_before:.3e} -> "
                        f"{c.err_after:.3e}  {what}{rej}")
         out += [f"  skipped {s}" for s in self.skipped]
+        g = self.model_guard
+        if g is not None:
+            out.append(f"  model guard ({g['mode']}, {g['metric']}, {g['samples']} held-out "
+                       f"samples): {g['result']}")
         return out
 
     def __str__(self) -> str:
@@ -85,7 +91,7 @@ class TuningReport:
     def as_dict(self) -> dict[str, Any]:
         return {"algorithms": self.algorithms, "layers": [c.as_dict() for c in self.layers],
                 "skipped": self.skipped, "samples": self.samples, "held_out": self.held_out,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "model_guard": self.model_guard}
 
 
 def read_feeds(reader: Any, limit: int, what: str) -> list[dict[str, np.ndarray]]:
@@ -124,6 +130,74 @@ class _Target:
     # to a BatchNormalization: (constant, sign) such that constant += sign * delta adds
     # delta to the layer's output (bias correction only).
     sink: Optional[tuple[str, float]] = None
+
+
+@dataclass
+class _State:
+    """A layer's tuned values: the float weight to store (None: the original), what the
+    kernel makes of it (what runs), the bias vector (None: the original)."""
+    weight: Optional[np.ndarray]
+    quantized: np.ndarray
+    bias: Optional[np.ndarray]
+
+
+@dataclass
+class _Choice:
+    """A layer AdaQuant changed: its values before (``pre``: nearest, GPTQ or bias
+    correction) and after finetuning, for the model-level guard."""
+    target: _Target
+    change: LayerChange
+    pre: _State
+    post: _State
+    pre_err: float
+
+
+class _Writer:
+    """Writes a layer's :class:`_State` into the tuned float model (``view``) and into the
+    values fed to the quantized model (``current``), and restores the originals."""
+
+    def __init__(self, view: ModelView, base_dir: Optional[str],
+                 current: dict[str, np.ndarray]) -> None:
+        self.view, self.base_dir, self.current = view, base_dir, current
+        self.originals: dict[str, tuple[onnx.TensorProto, np.ndarray]] = {}
+
+    def _original(self, name: str) -> tuple[onnx.TensorProto, np.ndarray]:
+        if name not in self.originals:
+            t = onnx.TensorProto()
+            t.CopyFrom(self.view.weights[name].tensor)
+            self.originals[name] = (t, self.view.weights[name].array(self.base_dir))
+        return self.originals[name]
+
+    def _set(self, name: str, value: Optional[np.ndarray], fed: Optional[str] = None) -> None:
+        """``value`` (None: the original) into the float model's ``name`` and, as fed to the
+        quantized model, under ``fed`` (default ``name``)."""
+        fed = fed or name
+        proto, _ = self._original(name)
+        if value is None:
+            self.view.weights[name].tensor.CopyFrom(proto)
+            self.current.pop(fed, None)
+        else:
+            self.view.weights[name].tensor.CopyFrom(numpy_helper.from_array(value, name))
+            if fed == name:
+                self.current[fed] = value
+
+    def put(self, t: _Target, state: _State) -> None:
+        w = None if state.weight is None else np.ascontiguousarray(state.weight, np.float32)
+        self._set(t.weight, w, t.q_weight)
+        if w is not None:
+            self.current[t.q_weight] = np.ascontiguousarray(state.quantized, np.float32)
+        if t.bias:
+            orig = self._original(t.bias)[1]
+            self._set(t.bias, None if state.bias is None else
+                      t.layer.bias_from_vector(state.bias, orig))
+        if t.sink:
+            # The layer has no bias input (its bias vector is zero): the constant gets the
+            # whole vector as a shift.
+            name, sign = t.sink
+            c = self._original(name)[1]
+            self._set(name, None if state.bias is None else
+                      (c.reshape(-1) + np.float32(sign) * state.bias).reshape(c.shape)
+                      .astype(np.float32))
 
 
 def _post_op(view: ModelView, node: onnx.NodeProto) -> Optional[object]:
@@ -375,10 +449,13 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     names = [t.node.output[0] for t in targets]
     in_names = [t.node.input[0] for t in targets]
     in_bytes = [0] * len(targets)
-    fetch = list(dict.fromkeys(names + in_names))
+    outputs = [o.name for o in qmodel.graph.output]
+    fetch = list(dict.fromkeys(names + in_names + outputs))
     fsess = _session(_with_outputs(model, fetch), False)
+    ref_out: list[list[np.ndarray]] = []
     for s, feed in enumerate(feeds):
         got = dict(zip(fetch, fsess.run(fetch, feed)))
+        ref_out.append([got[o] for o in outputs] if s in hold_ids else [])
         for k, name in enumerate(in_names):
             in_bytes[k] += np.asarray(got[name]).nbytes
         for k, t in enumerate(targets):
@@ -418,12 +495,13 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
             for j in ks:
                 cache[j].append(got[targets[j].q_input])
 
+    writer = _Writer(view, base_dir, current)
+    choices: list[_Choice] = []
     bar = _Progress(len(targets), progress, stream)
     for k, t in enumerate(targets):
         t0 = time.perf_counter()
         lay = t.layer
         w = view.weights[t.weight].array(base_dir).astype(np.float32)
-        bias_arr = view.weights[t.bias].array(base_dir) if t.bias else None
         bvec = t.bias_value
         quantize = quantize_for(t)
         train: list[Sample] = []
@@ -486,6 +564,7 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                 change.applied.append("bias_correction")
             else:
                 change.rejected.append("bias_correction")
+        pre = _State(None if stored is w else stored, wq, None if bias_now is bvec else bias_now)
         if fast_finetune is not None:
             post_train = [Sample(s_.a, lay.apply_post(s_.y)[0]) for s_ in train]
             post_hold = [Sample(s_.a, lay.apply_post(s_.y)[0]) for s_ in hold]
@@ -501,27 +580,101 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
             else:
                 change.rejected.append("adaquant")
         change.err_after = err(everything, wq, bias_now)
-        if stored is not w:
-            view.weights[t.weight].tensor.CopyFrom(numpy_helper.from_array(
-                np.ascontiguousarray(stored, dtype=np.float32), t.weight))
-            current[t.q_weight] = np.ascontiguousarray(wq, dtype=np.float32)
-        if t.bias and bias_now is not bvec:
-            newb = lay.bias_from_vector(bias_now, bias_arr)
-            view.weights[t.bias].tensor.CopyFrom(numpy_helper.from_array(newb, t.bias))
-            current[t.bias] = newb
-        if t.sink and bias_now is not bvec:
-            # bvec is zero here: the whole bias vector is the shift to write.
-            name, sign = t.sink
-            c = view.weights[name].array(base_dir)
-            newc = (c.reshape(-1) + np.float32(sign) * bias_now).reshape(c.shape)
-            newc = newc.astype(np.float32)
-            view.weights[name].tensor.CopyFrom(numpy_helper.from_array(newc, name))
-            current[name] = newc
+        state = _State(None if stored is w else stored, wq,
+                       None if bias_now is bvec else bias_now)
+        if "adaquant" in change.applied:
+            pre_err = err(everything, pre.quantized, bvec if pre.bias is None else pre.bias)
+            choices.append(_Choice(t, change, pre, state, pre_err))
+        writer.put(t, state)
         change.seconds = time.perf_counter() - t0
         report.layers.append(change)
         bar.layer(k + 1, change)
+    del qsess
+    if choices and opts.model_guard != "off":
+        report.model_guard = _model_guard(qmodel, qkeys, [feeds[i] for i in sorted(hold_ids)],
+                                          [ref_out[i] for i in sorted(hold_ids)], choices,
+                                          writer, opts)
     report.seconds = time.perf_counter() - start
     return tuned, report
+
+
+def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
+           metric: str) -> tuple[float, ...]:
+    """How close the quantized outputs ``outs`` are to the float ones ``refs`` (per sample,
+    per graph output), larger is better: with ``metric`` "argmax", the fraction of positions
+    whose argmax over the last axis agrees with float (outputs whose last axis has at least
+    2 entries; 1.0 when there are none), then minus the relative squared error
+    ``sum (out - ref)^2 / sum ref^2`` over all outputs; with "mse", that error alone."""
+    same = count = 0
+    d2 = r2 = 0.0
+    for sample_out, sample_ref in zip(outs, refs):
+        for o, r in zip(sample_out, sample_ref):
+            o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
+            d2 += float(np.sum((o - r) ** 2))
+            r2 += float(np.sum(r ** 2))
+            if metric == "argmax" and r.ndim >= 1 and r.shape[-1] >= 2:
+                same += int(np.sum(o.argmax(-1) == r.argmax(-1)))
+                count += r.size // r.shape[-1]
+    err = -_rel(d2, r2)
+    return (same / count if count else 1.0, err) if metric == "argmax" else (err,)
+
+
+def _model_guard(qmodel: onnx.ModelProto, keys: list[str], feeds: list[dict[str, np.ndarray]],
+                 refs: list[list[np.ndarray]], choices: list[_Choice], writer: _Writer,
+                 opts: FastFinetune) -> dict[str, Any]:
+    """Score the whole quantized model against float on the held-out ``feeds`` with every
+    finetuned layer and with none (their ``pre`` values); keep the finetuned ones unless
+    that scores worse.  With ``opts.model_guard == "layers"``, then flip each layer alone
+    (in graph order) and keep each flip that scores strictly better.  Leaves ``writer`` and
+    each choice's LayerChange in the chosen state and returns what it compared."""
+    out: dict[str, Any] = {"mode": opts.model_guard, "metric": opts.guard_metric,
+                           "samples": len(feeds), "layers": len(choices)}
+    if not feeds:
+        out["result"] = "skipped: a single calibration sample, none held out"
+        return out
+    sess = _session(_with_outputs(qmodel, [], keys), True)
+
+    def score() -> tuple[float, ...]:
+        return _score([sess.run(None, {**f, **writer.current}) for f in feeds], refs,
+                      opts.guard_metric)
+
+    fine = score()
+    for c in choices:
+        writer.put(c.target, c.pre)
+    plain = score()
+    on = fine >= plain  # ties keep the finetuned weights
+    best = fine if on else plain
+    kept = [on] * len(choices)
+    if on:
+        for c in choices:
+            writer.put(c.target, c.post)
+    if opts.model_guard == "layers":
+        for i, c in enumerate(choices):
+            writer.put(c.target, c.pre if kept[i] else c.post)
+            trial = score()
+            if trial > best:
+                best, kept[i] = trial, not kept[i]
+            else:
+                writer.put(c.target, c.post if kept[i] else c.pre)
+    for c, k in zip(choices, kept):
+        if not k:
+            c.change.applied.remove("adaquant")
+            c.change.rejected.append("adaquant (model guard)")
+            c.change.err_after = c.pre_err
+    names = [c.change.node or c.change.weight for c, k in zip(choices, kept) if not k]
+
+    def named(sc: tuple[float, ...]) -> dict[str, float]:
+        return {"agreement": sc[0], "rel_error": -sc[1]} if len(sc) == 2 else \
+            {"rel_error": -sc[0]}
+
+    def fmt(sc: tuple[float, ...]) -> str:
+        return ", ".join(f"{k} {v:.4f}" if k == "agreement" else f"{k} {v:.3e}"
+                         for k, v in named(sc).items())
+    out.update(finetuned=named(fine), plain=named(plain), final=named(best),
+               kept=len(choices) - len(names), reverted=names)
+    out["result"] = (f"finetuned {fmt(fine)}, without {fmt(plain)}: kept "
+                     f"{len(choices) - len(names)} of {len(choices)} finetuned layers")
+    return out
 
 
 def _mean_shift(lay: Layer, samples: list[Sample], m_float: np.ndarray,
