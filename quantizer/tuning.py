@@ -331,16 +331,12 @@ def _session(model: onnx.ModelProto, custom_ops: bool):
                                 providers=["CPUExecutionProvider"])
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str],
-                  overridable: list[str] = ()) -> onnx.ModelProto:
-    """A copy of ``model`` that also outputs ``names`` and takes the initializers
-    ``overridable`` as (optional) inputs."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    # Constant nodes holding those tensors become initializers (only those can be fed).
+def _lift_constants(m: onnx.ModelProto, names: "list[str] | set[str]") -> None:
+    """Turn the Constant nodes of ``m`` that output ``names`` into initializers (only those
+    can be fed or replaced), in place."""
     keep = []
     for node in m.graph.node:
-        if node.op_type == "Constant" and node.output[0] in overridable and \
+        if node.op_type == "Constant" and node.output[0] in names and \
                 any(a.name == "value" for a in node.attribute):
             t = onnx.TensorProto()
             t.CopyFrom(next(a.t for a in node.attribute if a.name == "value"))
@@ -350,6 +346,15 @@ def _with_outputs(model: onnx.ModelProto, names: list[str],
             keep.append(node)
     del m.graph.node[:]
     m.graph.node.extend(keep)
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str],
+                  overridable: list[str] = ()) -> onnx.ModelProto:
+    """A copy of ``model`` that also outputs ``names`` and takes the initializers
+    ``overridable`` as (optional) inputs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    _lift_constants(m, set(overridable))
     have = {o.name for o in m.graph.output}
     for n in dict.fromkeys(names):
         if n not in have:
@@ -362,6 +367,22 @@ def _with_outputs(model: onnx.ModelProto, names: list[str],
             m.graph.input.append(helper.make_tensor_value_info(n, t.data_type, list(t.dims)))
     if m.ir_version < 4:
         m.ir_version = 4
+    return m
+
+
+def _with_values(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers (or Constant nodes) ``values`` hold those
+    arrays, still constants: onnxruntime optimizes it as it does the written model (fed as
+    inputs, the weights would block constant folding and fusions, and a quantized model's
+    outputs can move with the float rounding those change)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    _lift_constants(m, set(values))
+    for t in m.graph.initializer:
+        if t.name in values:
+            t.CopyFrom(numpy_helper.from_array(
+                np.asarray(values[t.name], dtype=helper.tensor_dtype_to_np_dtype(t.data_type)),
+                t.name))
     return m
 
 
@@ -449,13 +470,10 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     names = [t.node.output[0] for t in targets]
     in_names = [t.node.input[0] for t in targets]
     in_bytes = [0] * len(targets)
-    outputs = [o.name for o in qmodel.graph.output]
-    fetch = list(dict.fromkeys(names + in_names + outputs))
+    fetch = list(dict.fromkeys(names + in_names))
     fsess = _session(_with_outputs(model, fetch), False)
-    ref_out: list[list[np.ndarray]] = []
     for s, feed in enumerate(feeds):
         got = dict(zip(fetch, fsess.run(fetch, feed)))
-        ref_out.append([got[o] for o in outputs] if s in hold_ids else [])
         for k, name in enumerate(in_names):
             in_bytes[k] += np.asarray(got[name]).nbytes
         for k, t in enumerate(targets):
@@ -591,9 +609,8 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         bar.layer(k + 1, change)
     del qsess
     if choices and opts.model_guard != "off":
-        report.model_guard = _model_guard(qmodel, qkeys, [feeds[i] for i in sorted(hold_ids)],
-                                          [ref_out[i] for i in sorted(hold_ids)], choices,
-                                          writer, opts)
+        report.model_guard = _model_guard(model, qmodel, [feeds[i] for i in sorted(hold_ids)],
+                                          choices, writer, opts)
     report.seconds = time.perf_counter() - start
     return tuned, report
 
@@ -619,10 +636,11 @@ def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
     return (same / count if count else 1.0, err) if metric == "argmax" else (err,)
 
 
-def _model_guard(qmodel: onnx.ModelProto, keys: list[str], feeds: list[dict[str, np.ndarray]],
-                 refs: list[list[np.ndarray]], choices: list[_Choice], writer: _Writer,
+def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
+                 feeds: list[dict[str, np.ndarray]], choices: list[_Choice], writer: _Writer,
                  opts: FastFinetune) -> dict[str, Any]:
-    """Score the whole quantized model against float on the held-out ``feeds`` with every
+    """Score the whole quantized model ``qmodel`` (with the values ``writer`` holds)
+    against the float ``model`` on the held-out ``feeds`` with every
     finetuned layer and with none (their ``pre`` values); keep the finetuned ones unless
     that scores worse.  With ``opts.model_guard == "layers"``, then flip each layer alone
     (in graph order) and keep each flip that scores strictly better.  Leaves ``writer`` and
@@ -632,11 +650,13 @@ def _model_guard(qmodel: onnx.ModelProto, keys: list[str], feeds: list[dict[str,
     if not feeds:
         out["result"] = "skipped: a single calibration sample, none held out"
         return out
-    sess = _session(_with_outputs(qmodel, [], keys), True)
+    fsess = _session(model, False)
+    refs = [fsess.run(None, f) for f in feeds]
+    del fsess
 
     def score() -> tuple[float, ...]:
-        return _score([sess.run(None, {**f, **writer.current}) for f in feeds], refs,
-                      opts.guard_metric)
+        sess = _session(_with_values(qmodel, writer.current), True)
+        return _score([sess.run(None, f) for f in feeds], refs, opts.guard_metric)
 
     fine = score()
     for c in choices:

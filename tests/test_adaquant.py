@@ -386,6 +386,12 @@ def test_model_guard_keeps_finetuning_that_helps():
     assert finetuned and g["kept"] == len(finetuned) == g["layers"] and g["reverted"] == []
     assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
     assert g["final"] == g["finetuned"] and g["samples"] == 16
+    # The guard scored the model that gets written: its error on the held-out samples.
+    hold = sorted(np.random.default_rng(opts.fixed_seed).choice(64, size=16, replace=False))
+    feeds = [_images(1, 64)[i] for i in hold]
+    ref, out = _run(model, feeds), _run(quantize_model(tuned, None, cfg).model, feeds)
+    assert np.isclose(g["final"]["rel_error"], np.sum((out - ref) ** 2.0) / np.sum(ref ** 2.0),
+                      rtol=1e-5)
     changed = [n for n, a in _arrays(tuned).items()
                if not np.array_equal(a, _arrays(model)[n])]
     assert changed
