@@ -448,3 +448,36 @@ def test_model_guard_needs_held_out_samples(monkeypatch):
     assert report.model_guard["result"].startswith("skipped") and \
         report.model_guard["samples"] == 0
     assert all("adaquant" in c.applied for c in report.layers)
+
+
+def test_adaquant_speed_benchmark_protocol(tmp_path, capsys):
+    """The benchmark against Quark: our side runs, and the subprocess protocol (calibration
+    batches in, model and timing out) works with a stand-in for Quark's interpreter that
+    writes the float model as its result."""
+    import importlib.util
+    import json
+    import os
+    import stat
+    if importlib.util.find_spec("rapidocr_onnxruntime") is None:
+        pytest.skip("rapidocr-onnxruntime (the benchmark's model) is not installed")
+    from ort_mx_ops.benchmarks import adaquant_speed
+    fake = tmp_path / "fake_python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"exec {os.sys.executable} -c '\n"
+        "import json, shutil, sys, numpy as np\n"
+        "a = dict(zip(sys.argv[2::2], sys.argv[3::2]))\n"
+        "n = len(np.load(a[\"--calib\"]).files)\n"
+        "shutil.copy(a[\"--model\"], a[\"--out\"])\n"
+        "json.dump({\"seconds\": 2.5, \"quark\": \"stand-in\", \"torch\": str(n),\n"
+        "           \"ff\": json.loads(a[\"--ff\"])}, open(a[\"--json\"], \"w\"))\n"
+        "' \"$@\"\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "r.json"
+    assert adaquant_speed.main(["--calib", "3", "--eval", "4", "--ff", "NumIterations=2",
+                                "--no-plain", "--quark", str(fake), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["quantizer"] for r in rows] == ["ort_mx_ops", "quark stand-in (torch 3)"]
+    assert rows[1]["seconds"] == 2.5 and rows[1]["top1_agreement"] == 1.0
+    assert 0 <= rows[0]["top1_agreement"] <= 1 and rows[0]["seconds"] > 0
+    assert "MXFP8E4M3_ADAQUANT: Quark 2.5 s / ours" in capsys.readouterr().out
