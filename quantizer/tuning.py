@@ -68,11 +68,19 @@ class TuningReport:
     seconds: float = 0.0
     # What the model-level guard compared and kept (None: it did not run).
     model_guard: Optional[dict[str, Any]] = None
+    # Seconds spent per step, summed over layers: "inference" (running the model for the
+    # layers' inputs), "gptq", "bias_correction", "adaquant", "model_guard".
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def _time(self, step: str, since: float) -> None:
+        self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - since
 
     def lines(self) -> list[str]:
         out = [f"weight tuning ({', '.join(self.algorithms)}): {len(self.layers)} layers, "
                f"{self.samples} calibration samples ({self.held_out} held out), "
-               f"{self.seconds:.1f} s; relative output error per layer, before -> after:"]
+               f"{self.seconds:.1f} s ("
+               + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+               + "); relative output error per layer, before -> after:"]
         for c in self.layers:
             what = "+".join(c.applied) if c.applied else "kept nearest"
             rej = f" (rejected on held-out: {', '.join(c.rejected)})" if c.rejected else ""
@@ -91,7 +99,8 @@ class TuningReport:
     def as_dict(self) -> dict[str, Any]:
         return {"algorithms": self.algorithms, "layers": [c.as_dict() for c in self.layers],
                 "skipped": self.skipped, "samples": self.samples, "held_out": self.held_out,
-                "seconds": self.seconds, "model_guard": self.model_guard}
+                "seconds": self.seconds, "model_guard": self.model_guard,
+                "timings": self.timings}
 
 
 def read_feeds(reader: Any, limit: int, what: str) -> list[dict[str, np.ndarray]]:
@@ -526,7 +535,9 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         hold: list[Sample] = []
         h = None
         if k not in cache:
+            t_step = time.perf_counter()
             fetch_window(k)
+            report._time("inference", t_step)
         for s, x in enumerate(cache.pop(k)):
             a, _ = lay.rows(x)
             if weight_rounding == "gptq" and s not in hold_ids:
@@ -562,8 +573,10 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         change.err_before = err(everything, wq, bvec)
         best_hold = err(hold, wq, bvec)
         if weight_rounding == "gptq":
+            t_step = time.perf_counter()
             res = gptq_quantize(lay, w, h, t.spec, t.axis, t.flatten, quantize,
                                 kernel_rows(t.spec))
+            report._time("gptq", t_step)
             if res.fallback:
                 change.rejected.append(f"gptq ({res.fallback})")
             else:
@@ -574,6 +587,7 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                 else:
                     change.rejected.append("gptq")
         if bias_correction and (t.bias or t.sink):
+            t_step = time.perf_counter()
             shift = _mean_shift(lay, train, lay.weight_matrix(w), lay.weight_matrix(wq))
             nb = (bvec + shift).astype(np.float32)
             e = err(hold, wq, nb)
@@ -582,8 +596,10 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                 change.applied.append("bias_correction")
             else:
                 change.rejected.append("bias_correction")
+            report._time("bias_correction", t_step)
         pre = _State(None if stored is w else stored, wq, None if bias_now is bvec else bias_now)
         if fast_finetune is not None:
+            t_step = time.perf_counter()
             post_train = [Sample(s_.a, lay.apply_post(s_.y)[0]) for s_ in train]
             post_hold = [Sample(s_.a, lay.apply_post(s_.y)[0]) for s_ in hold]
             fit: LayerFit = adaquant_layer(lay, stored, bias_now, quantize, post_train,
@@ -597,6 +613,7 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                 change.applied.append("adaquant")
             else:
                 change.rejected.append("adaquant")
+            report._time("adaquant", t_step)
         change.err_after = err(everything, wq, bias_now)
         state = _State(None if stored is w else stored, wq,
                        None if bias_now is bvec else bias_now)
@@ -609,8 +626,10 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         bar.layer(k + 1, change)
     del qsess
     if choices and opts.model_guard != "off":
+        t_step = time.perf_counter()
         report.model_guard = _model_guard(model, qmodel, [feeds[i] for i in sorted(hold_ids)],
                                           choices, writer, opts)
+        report._time("model_guard", t_step)
     report.seconds = time.perf_counter() - start
     return tuned, report
 

@@ -238,6 +238,8 @@ def test_quantize_model_runs_the_algorithms_and_reports():
     assert s.tuning is not None and [c.node for c in s.tuning.layers] == \
         ["conv1", "conv2", "fc"]
     assert "relative output error per layer" in str(s)
+    assert {"inference", "gptq", "adaquant"} <= set(s.tuning.timings) and \
+        all(v >= 0 for v in s.tuning.timings.values())
     assert s.as_dict()["tuning"]["layers"][0]["node"] == "conv1"
     near = quantize_model(model, None, "MXFP6E2M3").model
     assert any(not np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
