@@ -55,7 +55,9 @@ def _quark(task: Any, config: str, ff: dict, python: str, work: str,
            calib, "--input", name, "--json", res,
            "--ff", json.dumps(ff if config.upper().endswith("_ADAQUANT") else {})]
     start = time.perf_counter()
-    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    # In the work folder: Quark writes files of its own into the current directory.
+    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False,
+                        cwd=work).returncode
     wall = time.perf_counter() - start
     if rc != 0:
         return {"quantizer": "quark", "config": config, "error": f"exit status {rc}",
@@ -97,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     configs = [args.config] + ([] if args.no_plain else [args.config[:-len("_ADAQUANT")]])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        work = args.work or tmp
+        work = os.path.abspath(args.work or tmp)
         os.makedirs(work, exist_ok=True)
         for config in configs:
             rows.append(_ours(task, config, ff))
