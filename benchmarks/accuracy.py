@@ -180,10 +180,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            progress=not args.quiet, **opts)
         secs = time.perf_counter() - t
         m = task.metrics(_run(s.model, task.eval), ref)
-        rows.append({"row": spec, "config": s.config, "quantize_s": secs, **m})
+        guard = s.tuning.model_guard if s.tuning is not None else None
+        steps = s.tuning.timings if s.tuning is not None else {}
+        rows.append({"row": spec, "config": s.config, "quantize_s": secs, **m,
+                     **({"model_guard": guard} if guard else {}),
+                     **({"tuning_s": steps} if steps else {})})
         print(f"{spec:<32} " + " ".join(f"{k} {v:.4f}" for k, v in m.items()) +
-              f"  ({secs:.1f} s)", file=sys.stderr, flush=True)
-    keys = [k for k in rows[0] if k not in ("row", "config")]
+              f"  ({secs:.1f} s" + "".join(f", {k} {v:.1f} s" for k, v in steps.items()) +
+              ")" + (f"; model guard: {guard['result']}" if guard else ""),
+              file=sys.stderr, flush=True)
+    keys = [k for k in rows[0] if k not in ("row", "config", "model_guard", "tuning_s")]
     print("| row | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
     for r in rows:

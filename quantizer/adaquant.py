@@ -27,7 +27,11 @@ _QUARK_NAMES = {"DataSize": "data_size", "FixedSeed": "fixed_seed", "BatchSize":
                 "NumIterations": "num_iterations", "LearningRate": "learning_rate",
                 "OptimAlgorithm": "optim_algorithm", "OptimDevice": "optim_device",
                 "InferDevice": "infer_device", "EarlyStop": "early_stop",
-                "HoldOut": "hold_out", "Optimizer": "optimizer"}
+                "HoldOut": "hold_out", "Optimizer": "optimizer", "ModelGuard": "model_guard",
+                "GuardMetric": "guard_metric"}
+
+MODEL_GUARDS = ("model", "layers", "off")
+GUARD_METRICS = ("argmax", "mse")
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,13 @@ class FastFinetune:
     with a single sample, that fraction of its rows); ``optimizer``: "adam" or "sgd";
     ``max_rows``: rows of the linear form kept per layer (a random subset of the output
     positions: bounds time and memory, the loss stays an unbiased estimate), fewer where
-    rows times the layer's K (all groups) would exceed ``max_elements``."""
+    rows times the layer's K (all groups) would exceed ``max_elements``;
+    ``model_guard``: after all layers, the whole quantized model is scored against the float
+    model on the held-out samples with and without the finetuned weights, and the finetuned
+    ones are kept only when they are not worse ("model"); "layers" then also tries reverting
+    each finetuned layer alone and keeps every revert that scores better; "off" keeps every
+    layer's own choice; ``guard_metric``: "argmax" (agreement of the outputs' argmax over
+    their last axis with float first, relative squared error to break ties) or "mse"."""
     data_size: int = 1000
     fixed_seed: int = 1705472343
     batch_size: int = 2
@@ -59,6 +69,8 @@ class FastFinetune:
     patience: int = 4
     max_rows: int = 16384
     max_elements: int = 1 << 24
+    model_guard: str = "model"
+    guard_metric: str = "argmax"
 
     def __post_init__(self) -> None:
         if self.optim_algorithm.lower() != "adaquant":
@@ -68,6 +80,12 @@ class FastFinetune:
             if str(dev).lower() != "cpu":
                 raise ValueError(f"device {dev!r} is not supported: fast finetune runs on "
                                  "the CPU (numpy and onnxruntime's CPU provider)")
+        if self.model_guard not in MODEL_GUARDS:
+            raise ValueError(f"model_guard must be one of {MODEL_GUARDS}, got "
+                             f"{self.model_guard!r}")
+        if self.guard_metric not in GUARD_METRICS:
+            raise ValueError(f"guard_metric must be one of {GUARD_METRICS}, got "
+                             f"{self.guard_metric!r}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
         if self.data_size < 1 or self.batch_size < 1 or self.num_iterations < 0 or \

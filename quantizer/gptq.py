@@ -86,7 +86,8 @@ def hessian_add(h: Optional[np.ndarray], a: np.ndarray) -> np.ndarray:
     g, _, k = a.shape
     if g > 1 and k <= 32:
         # Depthwise-like: many tiny products; one vectorised dot per pair of K columns.
-        cols = [np.ascontiguousarray(a[:, :, i], dtype=np.float64) for i in range(k)]
+        # One transposing copy, not k strided ones (same values: float32 -> float64 is exact).
+        cols = np.ascontiguousarray(a.transpose(2, 0, 1), dtype=np.float64)
         upd = np.empty((g, k, k))
         for i in range(k):
             for j in range(i, k):

@@ -229,7 +229,7 @@ class Layer:
     def linear(self, a: np.ndarray, m: np.ndarray, bvec: Optional[np.ndarray]) -> np.ndarray:
         """(rows, C_out) = per group A[g] @ M[g], plus the bias vector."""
         y = group_matmul(a, m)  # (g, rows, co/g)
-        y = y.transpose(1, 0, 2).reshape(a.shape[1], -1)
+        y = y.transpose(1, 0, 2).reshape(a.shape[1], y.shape[0] * y.shape[2])  # 0 rows too
         return y + bvec if bvec is not None else y
 
     def apply_post(self, y: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray]]:

@@ -66,17 +66,31 @@ class TuningReport:
     samples: int = 0
     held_out: int = 0
     seconds: float = 0.0
+    # What the model-level guard compared and kept (None: it did not run).
+    model_guard: Optional[dict[str, Any]] = None
+    # Seconds spent per step, summed over layers: "inference" (running the model for the
+    # layers' inputs), "gptq", "bias_correction", "adaquant", "model_guard".
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def _time(self, step: str, since: float) -> None:
+        self.timings[step] = self.timings.get(step, 0.0) + time.perf_counter() - since
 
     def lines(self) -> list[str]:
         out = [f"weight tuning ({', '.join(self.algorithms)}): {len(self.layers)} layers, "
                f"{self.samples} calibration samples ({self.held_out} held out), "
-               f"{self.seconds:.1f} s; relative output error per layer, before -> after:"]
+               f"{self.seconds:.1f} s ("
+               + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())
+               + "); relative output error per layer, before -> after:"]
         for c in self.layers:
             what = "+".join(c.applied) if c.applied else "kept nearest"
             rej = f" (rejected on held-out: {', '.join(c.rejected)})" if c.rejected else ""
             out.append(f"  {c.node or c.weight:<32} {c.op:<13} {c.err_before:.3e} -> "
                        f"{c.err_after:.3e}  {what}{rej}")
         out += [f"  skipped {s}" for s in self.skipped]
+        g = self.model_guard
+        if g is not None:
+            out.append(f"  model guard ({g['mode']}, {g['metric']}, {g['samples']} held-out "
+                       f"samples): {g['result']}")
         return out
 
     def __str__(self) -> str:
@@ -85,7 +99,8 @@ class TuningReport:
     def as_dict(self) -> dict[str, Any]:
         return {"algorithms": self.algorithms, "layers": [c.as_dict() for c in self.layers],
                 "skipped": self.skipped, "samples": self.samples, "held_out": self.held_out,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "model_guard": self.model_guard,
+                "timings": self.timings}
 
 
 def read_feeds(reader: Any, limit: int, what: str) -> list[dict[str, np.ndarray]]:
@@ -124,6 +139,74 @@ class _Target:
     # to a BatchNormalization: (constant, sign) such that constant += sign * delta adds
     # delta to the layer's output (bias correction only).
     sink: Optional[tuple[str, float]] = None
+
+
+@dataclass
+class _State:
+    """A layer's tuned values: the float weight to store (None: the original), what the
+    kernel makes of it (what runs), the bias vector (None: the original)."""
+    weight: Optional[np.ndarray]
+    quantized: np.ndarray
+    bias: Optional[np.ndarray]
+
+
+@dataclass
+class _Choice:
+    """A layer AdaQuant changed: its values before (``pre``: nearest, GPTQ or bias
+    correction) and after finetuning, for the model-level guard."""
+    target: _Target
+    change: LayerChange
+    pre: _State
+    post: _State
+    pre_err: float
+
+
+class _Writer:
+    """Writes a layer's :class:`_State` into the tuned float model (``view``) and into the
+    values fed to the quantized model (``current``), and restores the originals."""
+
+    def __init__(self, view: ModelView, base_dir: Optional[str],
+                 current: dict[str, np.ndarray]) -> None:
+        self.view, self.base_dir, self.current = view, base_dir, current
+        self.originals: dict[str, tuple[onnx.TensorProto, np.ndarray]] = {}
+
+    def _original(self, name: str) -> tuple[onnx.TensorProto, np.ndarray]:
+        if name not in self.originals:
+            t = onnx.TensorProto()
+            t.CopyFrom(self.view.weights[name].tensor)
+            self.originals[name] = (t, self.view.weights[name].array(self.base_dir))
+        return self.originals[name]
+
+    def _set(self, name: str, value: Optional[np.ndarray], fed: Optional[str] = None) -> None:
+        """``value`` (None: the original) into the float model's ``name`` and, as fed to the
+        quantized model, under ``fed`` (default ``name``)."""
+        fed = fed or name
+        proto, _ = self._original(name)
+        if value is None:
+            self.view.weights[name].tensor.CopyFrom(proto)
+            self.current.pop(fed, None)
+        else:
+            self.view.weights[name].tensor.CopyFrom(numpy_helper.from_array(value, name))
+            if fed == name:
+                self.current[fed] = value
+
+    def put(self, t: _Target, state: _State) -> None:
+        w = None if state.weight is None else np.ascontiguousarray(state.weight, np.float32)
+        self._set(t.weight, w, t.q_weight)
+        if w is not None:
+            self.current[t.q_weight] = np.ascontiguousarray(state.quantized, np.float32)
+        if t.bias:
+            orig = self._original(t.bias)[1]
+            self._set(t.bias, None if state.bias is None else
+                      t.layer.bias_from_vector(state.bias, orig))
+        if t.sink:
+            # The layer has no bias input (its bias vector is zero): the constant gets the
+            # whole vector as a shift.
+            name, sign = t.sink
+            c = self._original(name)[1]
+            self._set(name, None if state.bias is None else
+                      (c.reshape(-1) + np.float32(sign) * state.bias).reshape(c.shape)
+                      .astype(np.float32))
 
 
 def _post_op(view: ModelView, node: onnx.NodeProto) -> Optional[object]:
@@ -257,16 +340,12 @@ def _session(model: onnx.ModelProto, custom_ops: bool):
                                 providers=["CPUExecutionProvider"])
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str],
-                  overridable: list[str] = ()) -> onnx.ModelProto:
-    """A copy of ``model`` that also outputs ``names`` and takes the initializers
-    ``overridable`` as (optional) inputs."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    # Constant nodes holding those tensors become initializers (only those can be fed).
+def _lift_constants(m: onnx.ModelProto, names: "list[str] | set[str]") -> None:
+    """Turn the Constant nodes of ``m`` that output ``names`` into initializers (only those
+    can be fed or replaced), in place."""
     keep = []
     for node in m.graph.node:
-        if node.op_type == "Constant" and node.output[0] in overridable and \
+        if node.op_type == "Constant" and node.output[0] in names and \
                 any(a.name == "value" for a in node.attribute):
             t = onnx.TensorProto()
             t.CopyFrom(next(a.t for a in node.attribute if a.name == "value"))
@@ -276,6 +355,15 @@ def _with_outputs(model: onnx.ModelProto, names: list[str],
             keep.append(node)
     del m.graph.node[:]
     m.graph.node.extend(keep)
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str],
+                  overridable: list[str] = ()) -> onnx.ModelProto:
+    """A copy of ``model`` that also outputs ``names`` and takes the initializers
+    ``overridable`` as (optional) inputs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    _lift_constants(m, set(overridable))
     have = {o.name for o in m.graph.output}
     for n in dict.fromkeys(names):
         if n not in have:
@@ -288,6 +376,22 @@ def _with_outputs(model: onnx.ModelProto, names: list[str],
             m.graph.input.append(helper.make_tensor_value_info(n, t.data_type, list(t.dims)))
     if m.ir_version < 4:
         m.ir_version = 4
+    return m
+
+
+def _with_values(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers (or Constant nodes) ``values`` hold those
+    arrays, still constants: onnxruntime optimizes it as it does the written model (fed as
+    inputs, the weights would block constant folding and fusions, and a quantized model's
+    outputs can move with the float rounding those change)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    _lift_constants(m, set(values))
+    for t in m.graph.initializer:
+        if t.name in values:
+            t.CopyFrom(numpy_helper.from_array(
+                np.asarray(values[t.name], dtype=helper.tensor_dtype_to_np_dtype(t.data_type)),
+                t.name))
     return m
 
 
@@ -418,19 +522,22 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
             for j in ks:
                 cache[j].append(got[targets[j].q_input])
 
+    writer = _Writer(view, base_dir, current)
+    choices: list[_Choice] = []
     bar = _Progress(len(targets), progress, stream)
     for k, t in enumerate(targets):
         t0 = time.perf_counter()
         lay = t.layer
         w = view.weights[t.weight].array(base_dir).astype(np.float32)
-        bias_arr = view.weights[t.bias].array(base_dir) if t.bias else None
         bvec = t.bias_value
         quantize = quantize_for(t)
         train: list[Sample] = []
         hold: list[Sample] = []
         h = None
         if k not in cache:
+            t_step = time.perf_counter()
             fetch_window(k)
+            report._time("inference", t_step)
         for s, x in enumerate(cache.pop(k)):
             a, _ = lay.rows(x)
             if weight_rounding == "gptq" and s not in hold_ids:
@@ -466,8 +573,10 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
         change.err_before = err(everything, wq, bvec)
         best_hold = err(hold, wq, bvec)
         if weight_rounding == "gptq":
+            t_step = time.perf_counter()
             res = gptq_quantize(lay, w, h, t.spec, t.axis, t.flatten, quantize,
                                 kernel_rows(t.spec))
+            report._time("gptq", t_step)
             if res.fallback:
                 change.rejected.append(f"gptq ({res.fallback})")
             else:
@@ -478,6 +587,7 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                 else:
                     change.rejected.append("gptq")
         if bias_correction and (t.bias or t.sink):
+            t_step = time.perf_counter()
             shift = _mean_shift(lay, train, lay.weight_matrix(w), lay.weight_matrix(wq))
             nb = (bvec + shift).astype(np.float32)
             e = err(hold, wq, nb)
@@ -486,7 +596,10 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                 change.applied.append("bias_correction")
             else:
                 change.rejected.append("bias_correction")
+            report._time("bias_correction", t_step)
+        pre = _State(None if stored is w else stored, wq, None if bias_now is bvec else bias_now)
         if fast_finetune is not None:
+            t_step = time.perf_counter()
             post_train = [Sample(s_.a, lay.apply_post(s_.y)[0]) for s_ in train]
             post_hold = [Sample(s_.a, lay.apply_post(s_.y)[0]) for s_ in hold]
             fit: LayerFit = adaquant_layer(lay, stored, bias_now, quantize, post_train,
@@ -500,28 +613,107 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
                 change.applied.append("adaquant")
             else:
                 change.rejected.append("adaquant")
+            report._time("adaquant", t_step)
         change.err_after = err(everything, wq, bias_now)
-        if stored is not w:
-            view.weights[t.weight].tensor.CopyFrom(numpy_helper.from_array(
-                np.ascontiguousarray(stored, dtype=np.float32), t.weight))
-            current[t.q_weight] = np.ascontiguousarray(wq, dtype=np.float32)
-        if t.bias and bias_now is not bvec:
-            newb = lay.bias_from_vector(bias_now, bias_arr)
-            view.weights[t.bias].tensor.CopyFrom(numpy_helper.from_array(newb, t.bias))
-            current[t.bias] = newb
-        if t.sink and bias_now is not bvec:
-            # bvec is zero here: the whole bias vector is the shift to write.
-            name, sign = t.sink
-            c = view.weights[name].array(base_dir)
-            newc = (c.reshape(-1) + np.float32(sign) * bias_now).reshape(c.shape)
-            newc = newc.astype(np.float32)
-            view.weights[name].tensor.CopyFrom(numpy_helper.from_array(newc, name))
-            current[name] = newc
+        state = _State(None if stored is w else stored, wq,
+                       None if bias_now is bvec else bias_now)
+        if "adaquant" in change.applied:
+            pre_err = err(everything, pre.quantized, bvec if pre.bias is None else pre.bias)
+            choices.append(_Choice(t, change, pre, state, pre_err))
+        writer.put(t, state)
         change.seconds = time.perf_counter() - t0
         report.layers.append(change)
         bar.layer(k + 1, change)
+    del qsess
+    if choices and opts.model_guard != "off":
+        t_step = time.perf_counter()
+        report.model_guard = _model_guard(model, qmodel, [feeds[i] for i in sorted(hold_ids)],
+                                          choices, writer, opts)
+        report._time("model_guard", t_step)
     report.seconds = time.perf_counter() - start
     return tuned, report
+
+
+def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
+           metric: str) -> tuple[float, ...]:
+    """How close the quantized outputs ``outs`` are to the float ones ``refs`` (per sample,
+    per graph output), larger is better: with ``metric`` "argmax", the fraction of positions
+    whose argmax over the last axis agrees with float (outputs whose last axis has at least
+    2 entries; 1.0 when there are none), then minus the relative squared error
+    ``sum (out - ref)^2 / sum ref^2`` over all outputs; with "mse", that error alone."""
+    same = count = 0
+    d2 = r2 = 0.0
+    for sample_out, sample_ref in zip(outs, refs):
+        for o, r in zip(sample_out, sample_ref):
+            o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
+            d2 += float(np.sum((o - r) ** 2))
+            r2 += float(np.sum(r ** 2))
+            if metric == "argmax" and r.ndim >= 1 and r.shape[-1] >= 2:
+                same += int(np.sum(o.argmax(-1) == r.argmax(-1)))
+                count += r.size // r.shape[-1]
+    err = -_rel(d2, r2)
+    return (same / count if count else 1.0, err) if metric == "argmax" else (err,)
+
+
+def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
+                 feeds: list[dict[str, np.ndarray]], choices: list[_Choice], writer: _Writer,
+                 opts: FastFinetune) -> dict[str, Any]:
+    """Score the whole quantized model ``qmodel`` (with the values ``writer`` holds)
+    against the float ``model`` on the held-out ``feeds`` with every
+    finetuned layer and with none (their ``pre`` values); keep the finetuned ones unless
+    that scores worse.  With ``opts.model_guard == "layers"``, then flip each layer alone
+    (in graph order) and keep each flip that scores strictly better.  Leaves ``writer`` and
+    each choice's LayerChange in the chosen state and returns what it compared."""
+    out: dict[str, Any] = {"mode": opts.model_guard, "metric": opts.guard_metric,
+                           "samples": len(feeds), "layers": len(choices)}
+    if not feeds:
+        out["result"] = "skipped: a single calibration sample, none held out"
+        return out
+    fsess = _session(model, False)
+    refs = [fsess.run(None, f) for f in feeds]
+    del fsess
+
+    def score() -> tuple[float, ...]:
+        sess = _session(_with_values(qmodel, writer.current), True)
+        return _score([sess.run(None, f) for f in feeds], refs, opts.guard_metric)
+
+    fine = score()
+    for c in choices:
+        writer.put(c.target, c.pre)
+    plain = score()
+    on = fine >= plain  # ties keep the finetuned weights
+    best = fine if on else plain
+    kept = [on] * len(choices)
+    if on:
+        for c in choices:
+            writer.put(c.target, c.post)
+    if opts.model_guard == "layers":
+        for i, c in enumerate(choices):
+            writer.put(c.target, c.pre if kept[i] else c.post)
+            trial = score()
+            if trial > best:
+                best, kept[i] = trial, not kept[i]
+            else:
+                writer.put(c.target, c.post if kept[i] else c.pre)
+    for c, k in zip(choices, kept):
+        if not k:
+            c.change.applied.remove("adaquant")
+            c.change.rejected.append("adaquant (model guard)")
+            c.change.err_after = c.pre_err
+    names = [c.change.node or c.change.weight for c, k in zip(choices, kept) if not k]
+
+    def named(sc: tuple[float, ...]) -> dict[str, float]:
+        return {"agreement": sc[0], "rel_error": -sc[1]} if len(sc) == 2 else \
+            {"rel_error": -sc[0]}
+
+    def fmt(sc: tuple[float, ...]) -> str:
+        return ", ".join(f"{k} {v:.4f}" if k == "agreement" else f"{k} {v:.3e}"
+                         for k, v in named(sc).items())
+    out.update(finetuned=named(fine), plain=named(plain), final=named(best),
+               kept=len(choices) - len(names), reverted=names)
+    out["result"] = (f"finetuned {fmt(fine)}, without {fmt(plain)}: kept "
+                     f"{len(choices) - len(names)} of {len(choices)} finetuned layers")
+    return out
 
 
 def _mean_shift(lay: Layer, samples: list[Sample], m_float: np.ndarray,

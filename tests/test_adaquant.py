@@ -238,6 +238,8 @@ def test_quantize_model_runs_the_algorithms_and_reports():
     assert s.tuning is not None and [c.node for c in s.tuning.layers] == \
         ["conv1", "conv2", "fc"]
     assert "relative output error per layer" in str(s)
+    assert {"inference", "gptq", "adaquant"} <= set(s.tuning.timings) and \
+        all(v >= 0 for v in s.tuning.timings.values())
     assert s.as_dict()["tuning"]["layers"][0]["node"] == "conv1"
     near = quantize_model(model, None, "MXFP6E2M3").model
     assert any(not np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
@@ -322,3 +324,162 @@ def test_demo_rows_generic_mode(tmp_path):
     cos = {k: r["metrics"]["cosine_to_float"] for k, r in rows.items()}
     assert cos["MXFP4E2M1+gptq"] > cos["MXFP4E2M1"]
     assert "| MXFP4E2M1+gptq |" in (out / "demo.md").read_text()
+
+
+# -- the model-level guard ---------------------------------------------------------------------
+
+def _hurting(real, hurt=lambda layer: True):
+    """An adaquant_layer whose fit, where ``hurt(layer)``, is noise the per-layer guard
+    accepted: finetuning made to hurt the whole model."""
+    from ort_mx_ops.quantizer.adaquant import LayerFit
+
+    def fit(layer, w, bias, quantize, train, hold, opts, rng, train_bias=True):
+        if not hurt(layer):
+            return real(layer, w, bias, quantize, train, hold, opts, rng, train_bias)
+        noise = np.random.default_rng(0).standard_normal(w.shape).astype(np.float32)
+        bad = (w + 2.0 * np.abs(w).max() * noise).astype(np.float32)
+        return LayerFit(weight=bad, bias=None if bias is None else bias + 1.0,
+                        train_before=1.0, train_after=0.5, hold_before=1.0, hold_after=0.5,
+                        iterations=3, kept=True)
+    return fit
+
+
+def _arrays(model):
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize("mode", ["model", "layers"])
+def test_model_guard_reverts_finetuning_that_hurts(monkeypatch, mode):
+    from ort_mx_ops.quantizer import tuning
+    monkeypatch.setattr(tuning, "adaquant_layer", _hurting(tuning.adaquant_layer))
+    model = _small_cnn()
+    cfg = get_config("MX6")
+    opts = FastFinetune(num_iterations=10, model_guard=mode)
+    tuned, report = tune_model(model, cfg, _images(13, 16), fast_finetune=opts)
+    # Exactly the plain model's weights and biases.
+    plain = _arrays(model)
+    got = _arrays(tuned)
+    assert got.keys() == plain.keys()
+    for name in plain:
+        np.testing.assert_array_equal(got[name], plain[name])
+    g = report.model_guard
+    assert g["kept"] == 0 and g["reverted"] == ["conv1", "conv2", "fc"] and g["samples"] == 4
+    assert g["finetuned"]["rel_error"] > g["plain"]["rel_error"]
+    assert g["final"] == g["plain"]
+    for c in report.layers:
+        assert "adaquant" not in c.applied and "adaquant (model guard)" in c.rejected
+        assert c.err_after == c.err_before
+    assert "kept 0 of 3 finetuned layers" in str(report)
+    # Through quantize_model: the same quantized model as the config without AdaQuant.
+    s = quantize_model(model, None, "MX6_ADAQUANT", _Reader(_images(13, 16)),
+                       fast_finetune={"NumIterations": 10, "ModelGuard": mode})
+    np.testing.assert_array_equal(_run(s.model, _images(14, 4)),
+                                  _run(quantize_model(model, None, "MX6").model, _images(14, 4)))
+    assert s.as_dict()["tuning"]["model_guard"]["kept"] == 0
+
+
+def test_model_guard_keeps_finetuning_that_helps():
+    model = _small_cnn()
+    cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3)
+    tuned, report = tune_model(model, cfg, _images(1, 64), fast_finetune=opts)
+    g = report.model_guard
+    finetuned = [c.node for c in report.layers if "adaquant" in c.applied]
+    assert finetuned and g["kept"] == len(finetuned) == g["layers"] and g["reverted"] == []
+    assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
+    assert g["final"] == g["finetuned"] and g["samples"] == 16
+    # The guard scored the model that gets written: its error on the held-out samples.
+    hold = sorted(np.random.default_rng(opts.fixed_seed).choice(64, size=16, replace=False))
+    feeds = [_images(1, 64)[i] for i in hold]
+    ref, out = _run(model, feeds), _run(quantize_model(tuned, None, cfg).model, feeds)
+    assert np.isclose(g["final"]["rel_error"], np.sum((out - ref) ** 2.0) / np.sum(ref ** 2.0),
+                      rtol=1e-5)
+    changed = [n for n, a in _arrays(tuned).items()
+               if not np.array_equal(a, _arrays(model)[n])]
+    assert changed
+    # Off: no guard ran, the same weights.
+    off, rep_off = tune_model(model, cfg, _images(1, 64),
+                              fast_finetune=opts.replace(model_guard="off"))
+    assert rep_off.model_guard is None
+    for name, a in _arrays(off).items():
+        np.testing.assert_array_equal(a, _arrays(tuned)[name])
+
+
+def test_model_guard_layers_reverts_only_the_layer_that_hurts(monkeypatch):
+    from ort_mx_ops.quantizer import tuning
+    hurt_conv2 = lambda layer: tuple(layer.weight_shape) == (32, 16, 3, 3)  # noqa: E731
+    monkeypatch.setattr(tuning, "adaquant_layer",
+                        _hurting(tuning.adaquant_layer, hurt_conv2))
+    model = _small_cnn()
+    cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, model_guard="layers")
+    tuned, report = tune_model(model, cfg, _images(1, 64), fast_finetune=opts)
+    g = report.model_guard
+    assert "conv2" in g["reverted"] and g["kept"] >= 1
+    np.testing.assert_array_equal(_arrays(tuned)["w2"], _arrays(model)["w2"])
+    np.testing.assert_array_equal(_arrays(tuned)["b2"], _arrays(model)["b2"])
+    kept = [c.node for c in report.layers if "adaquant" in c.applied]
+    assert kept and "conv2" not in kept
+    assert g["final"]["rel_error"] < g["plain"]["rel_error"]
+    # With the whole-model guard only, the hurting layer drags every layer back.
+    _, rep = tune_model(model, cfg, _images(1, 64), fast_finetune=opts.replace(
+        model_guard="model"))
+    assert rep.model_guard["kept"] == 0
+
+
+def test_model_guard_score_and_options():
+    from ort_mx_ops.quantizer.tuning import _score
+    ref = [[np.array([[0.1, 0.9], [0.8, 0.2]], np.float32)]]
+    agree = [[np.array([[0.4, 0.6], [0.6, 0.4]], np.float32)]]    # both argmax right
+    close = [[np.array([[0.1, 0.9], [0.45, 0.55]], np.float32)]]  # closer, one argmax wrong
+    assert _score(agree, ref, "argmax") > _score(close, ref, "argmax")
+    assert _score(close, ref, "mse") > _score(agree, ref, "mse")
+    assert _score(ref, ref, "argmax") == (1.0, 0.0)
+    with pytest.raises(ValueError, match="model_guard"):
+        FastFinetune(model_guard="bogus")
+    with pytest.raises(ValueError, match="guard_metric"):
+        FastFinetune.from_options({"GuardMetric": "top5"})
+
+
+def test_model_guard_needs_held_out_samples(monkeypatch):
+    from ort_mx_ops.quantizer import tuning
+    monkeypatch.setattr(tuning, "adaquant_layer", _hurting(tuning.adaquant_layer))
+    # A single calibration sample: nothing held out whole, the guard says it skipped.
+    _, report = tune_model(_small_cnn(), get_config("MX6"), _images(3, 1),
+                           fast_finetune=FastFinetune(num_iterations=10))
+    assert report.model_guard["result"].startswith("skipped") and \
+        report.model_guard["samples"] == 0
+    assert all("adaquant" in c.applied for c in report.layers)
+
+
+def test_adaquant_speed_benchmark_protocol(tmp_path, capsys):
+    """The benchmark against Quark: our side runs, and the subprocess protocol (calibration
+    batches in, model and timing out) works with a stand-in for Quark's interpreter that
+    writes the float model as its result."""
+    import importlib.util
+    import json
+    import os
+    import stat
+    if importlib.util.find_spec("rapidocr_onnxruntime") is None:
+        pytest.skip("rapidocr-onnxruntime (the benchmark's model) is not installed")
+    from ort_mx_ops.benchmarks import adaquant_speed
+    fake = tmp_path / "fake_python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"exec {os.sys.executable} -c '\n"
+        "import json, shutil, sys, numpy as np\n"
+        "a = dict(zip(sys.argv[2::2], sys.argv[3::2]))\n"
+        "n = len(np.load(a[\"--calib\"]).files)\n"
+        "shutil.copy(a[\"--model\"], a[\"--out\"])\n"
+        "json.dump({\"seconds\": 2.5, \"quark\": \"stand-in\", \"torch\": str(n),\n"
+        "           \"ff\": json.loads(a[\"--ff\"])}, open(a[\"--json\"], \"w\"))\n"
+        "' \"$@\"\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "r.json"
+    assert adaquant_speed.main(["--calib", "3", "--eval", "4", "--ff", "NumIterations=2",
+                                "--no-plain", "--quark", str(fake), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["quantizer"] for r in rows] == ["ort_mx_ops", "quark stand-in (torch 3)"]
+    assert rows[1]["seconds"] == 2.5 and rows[1]["top1_agreement"] == 1.0
+    assert 0 <= rows[0]["top1_agreement"] <= 1 and rows[0]["seconds"] > 0
+    assert "MXFP8E4M3_ADAQUANT: Quark 2.5 s / ours" in capsys.readouterr().out
