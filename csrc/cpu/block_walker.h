@@ -37,8 +37,9 @@ constexpr int64_t kTileColumns = 128;
 constexpr int64_t kPrefetchBytes = 2048;
 // Blocked axis outer, float32: outputs of at least this many bytes are written with
 // non-temporal stores. Such an output does not stay in the caches anyway, and the walk over
-// 2 x block_size rows at once (reads, and writes that first read each line) is too many
-// streams for the hardware prefetchers; streaming stores cut the memory traffic by a third.
+// a block's rows side by side (block_size input rows, as many output rows, whose ordinary
+// stores first read each line) is too many streams for the hardware prefetchers; streaming
+// stores cut the memory traffic by a third.
 // Smaller outputs are stored normally so that the next node finds them in the cache.
 constexpr int64_t kStreamBytes = int64_t{16} << 20;
 
