@@ -7,7 +7,9 @@
 // A lane set L provides: W (lanes), F / I / U (float, signed, unsigned lane types), all(mask),
 // group_max(v, steps) (maximum over aligned groups of 2^steps lanes, in every lane of the
 // group), and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
-// numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs).
+// numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs), and
+// stream<IO>(T*, F): the same store bypassing the caches (a non-temporal store; the address
+// aligned to the vector's size).
 //
 // Everything here has internal linkage (an anonymous namespace): the SIMD translation units
 // are compiled with AVX2 / AVX-512 flags, and an inline function they emit must never be
@@ -33,6 +35,13 @@ constexpr int64_t kChunk = 16384;
 constexpr int64_t kTileColumns = 128;
 // Software prefetch distance along a stream, in bytes.
 constexpr int64_t kPrefetchBytes = 2048;
+// Blocked axis outer, float32: outputs of at least this many bytes are written with
+// non-temporal stores. Such an output does not stay in the caches anyway, and the walk over
+// a block's rows side by side (block_size input rows, as many output rows, whose ordinary
+// stores first read each line) is too many streams for the hardware prefetchers; streaming
+// stores cut the memory traffic by a third.
+// Smaller outputs are stored normally so that the next node finds them in the cache.
+constexpr int64_t kStreamBytes = int64_t{16} << 20;
 
 namespace {
 
@@ -81,6 +90,8 @@ struct ScalarLanes {
   static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
   template <class IO>
   static MXOPS_VINL void store(typename IO::T* p, F v) { *p = IO::store(v); }
+  template <class IO>
+  static MXOPS_VINL void stream(typename IO::T* p, F v) { *p = IO::store(v); }
 };
 
 // ------------------------------------------------------------------------------------------
@@ -184,7 +195,9 @@ struct MxLanes {
 // The walker
 // ------------------------------------------------------------------------------------------
 
-template <class L, class IO, bool Bf16First, class Pol>
+// Stream: every vector store of the walk is non-temporal (float32, blocked axis outer; see
+// kStreamBytes); the caller checks the alignment (stream_supported) and fences afterwards.
+template <class L, class IO, bool Bf16First, class Pol, bool Stream = false>
 struct Walker {
   using T = typename IO::T;
   using F = typename L::F;
@@ -198,6 +211,7 @@ struct Walker {
   T* y;
   int64_t length, inner, bs, sub;
   Pol pol;
+  bool stream = false;  // run() takes the Stream walker
 
   // bfloat16 rounding first can turn a NaN into Inf, so float16 NaNs are widened exactly there.
   static MXOPS_VINL F load(const T* p) {
@@ -205,7 +219,10 @@ struct Walker {
     if constexpr (Bf16First) return bf16_round_bits(f);
     return f;
   }
-  static MXOPS_VINL void store(T* p, F v) { L::template store<IO>(p, v); }
+  static MXOPS_VINL void store(T* p, F v) {
+    if constexpr (Stream) L::template stream<IO>(p, v);
+    else L::template store<IO>(p, v);
+  }
 
   static MXOPS_VINL void prefetch(const T* p, T* q) {
     __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, 3);
@@ -305,6 +322,26 @@ struct Walker {
       const int64_t len = len_of();
       const T* const row = px + a * inner;
       T* const out = py + a * inner;
+      if constexpr (Stream && Fast && kSub > 0) {
+        // Every row's results of the tile first, then the rows one after another: streaming
+        // stores that go back and forth between rows run at a fraction of the speed.
+        if (len == kSub) {
+          F r[kSub][kTileVectors];
+          for (int64_t v = 0; v < nv; ++v) {
+            K km = pol.key(load(row + v * W));
+            for (int64_t j = 1; j < kSub; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
+            const auto prm = pol.fast_params(s[v], pol.exponent(km));
+            for (int64_t j = 0; j < kSub; ++j) {
+              const F xv = load(row + j * inner + v * W);
+              if constexpr (Normal) r[j][v] = pol.apply_normal(xv, prm);
+              else r[j][v] = pol.apply_fast(xv, prm);
+            }
+          }
+          for (int64_t j = 0; j < kSub; ++j)
+            for (int64_t v = 0; v < nv; ++v) store(out + j * inner + v * W, r[j][v]);
+          return;
+        }
+      }
       for (int64_t v = 0; v < nv; ++v) {
         K km = pol.key(load(row + v * W));
         for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
@@ -339,19 +376,21 @@ struct Walker {
     const int64_t inner = this->inner, sub = this->sub;
     const int64_t nv = cols / W;
     K k[kTileVectors];
-    I s[kTileVectors];
+    I s[kTileVectors] = {};  // (initialised: GCC cannot see that s[v < nv] is always set)
     for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(px + v * W));
     for (int64_t j = 1; j < n; ++j) {
       const T* row = px + j * inner;
       for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
     }
     for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
-    // the next tile of these rows, for reading and for writing, while this one is computed
+    // the next tile of these rows, for reading and for writing (not when streaming: the
+    // stores do not read the lines), while this one is computed
     if (cols == kTileColumns && base % inner + 2 * kTileColumns <= inner) {
       for (int64_t j = 0; j < n; ++j)
         for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
           __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 2);
-          __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
+          if constexpr (!Stream)
+            __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
         }
     }
     if constexpr (Pol::kSubBlocks) {
@@ -389,6 +428,12 @@ struct Walker {
 
   // Work units [u0, u1) of plan_units(); outer rows are `length * inner` elements apart.
   void run(const UnitPlan& plan, int64_t u0, int64_t u1) const {
+    if constexpr (!Stream && W > 1 && std::is_same_v<IO, Float32>) {
+      if (stream) {
+        Walker<L, IO, Bf16First, Pol, true>{x, y, length, inner, bs, sub, pol, true}.run(plan, u0, u1);
+        return;
+      }
+    }
     if (inner == 1) {
       const int64_t per_row = (length + plan.chunk - 1) / plan.chunk;
       for (int64_t u = u0; u < u1; ++u) {
@@ -412,6 +457,16 @@ struct Walker {
     }
   }
 };
+
+// Whether the walk of a float32 tensor with W lanes stores its output non-temporally: blocked
+// axis outer, the output at least kStreamBytes, and every vector store aligned (y to the
+// vector's size, rows a whole number of vectors apart).
+template <int W>
+MXOPS_VINL bool stream_supported(DType t, const void* y, const Geometry& g) {
+  return W > 1 && t == DType::kFloat32 && g.inner > 1 && g.inner % W == 0 &&
+         g.num_elements * int64_t(sizeof(float)) >= kStreamBytes &&
+         reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0;
+}
 
 // Whether the walker with W lanes handles this op and geometry (else the scalar one does).
 template <int W>

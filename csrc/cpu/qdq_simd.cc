@@ -114,6 +114,17 @@ struct VecLanes {
 #endif
     }
   }
+
+  // float32 only (stream_supported); p aligned to the vector's size.
+  template <class IO>
+  static MXOPS_VINL void stream(typename IO::T* p, F f) {
+    static_assert(std::is_same_v<IO, Float32>, "streaming stores are for float32 outputs");
+#if MXOPS_SIMD_WIDTH == 16
+    _mm512_stream_ps(p, reinterpret_cast<__m512>(f));
+#else
+    _mm256_stream_ps(p, reinterpret_cast<__m256>(f));
+#endif
+  }
 };
 
 }  // namespace
@@ -123,7 +134,13 @@ bool supports(const QdqParams& p, const Geometry& g) { return vector_walk_suppor
 void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                int64_t u0, int64_t u1) {
   const UnitPlan plan = plan_units(g, p.block_size);
-  with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); });
+  const bool stream = stream_supported<W>(t, y, g);
+  with_walker<VecLanes>(p, t, x, y, g, [&](auto walker) {
+    walker.stream = stream;
+    walker.run(plan, u0, u1);
+  });
+  // Non-temporal stores are weakly ordered: make them visible before the task reports done.
+  if (stream) _mm_sfence();
 }
 
 void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale, uint16_t zero_point) {
