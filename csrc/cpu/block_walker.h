@@ -7,9 +7,9 @@
 // A lane set L provides: W (lanes), F / I / U (float, signed, unsigned lane types), all(mask),
 // group_max(v, steps) (maximum over aligned groups of 2^steps lanes, in every lane of the
 // group), and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
-// numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs), and
-// stream<IO>(T*, F): the same store bypassing the caches (a non-temporal store; the address
-// aligned to the vector's size).
+// numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs); vector
+// lanes also stream<Float32>(float*, F): the same store bypassing the caches (a non-temporal
+// store; the address aligned to the vector's size).
 //
 // Everything here has internal linkage (an anonymous namespace): the SIMD translation units
 // are compiled with AVX2 / AVX-512 flags, and an inline function they emit must never be
@@ -90,8 +90,6 @@ struct ScalarLanes {
   static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
   template <class IO>
   static MXOPS_VINL void store(typename IO::T* p, F v) { *p = IO::store(v); }
-  template <class IO>
-  static MXOPS_VINL void stream(typename IO::T* p, F v) { *p = IO::store(v); }
 };
 
 // ------------------------------------------------------------------------------------------
@@ -211,7 +209,6 @@ struct Walker {
   T* y;
   int64_t length, inner, bs, sub;
   Pol pol;
-  bool stream = false;  // run() takes the Stream walker
 
   // bfloat16 rounding first can turn a NaN into Inf, so float16 NaNs are widened exactly there.
   static MXOPS_VINL F load(const T* p) {
@@ -428,12 +425,6 @@ struct Walker {
 
   // Work units [u0, u1) of plan_units(); outer rows are `length * inner` elements apart.
   void run(const UnitPlan& plan, int64_t u0, int64_t u1) const {
-    if constexpr (!Stream && W > 1 && std::is_same_v<IO, Float32>) {
-      if (stream) {
-        Walker<L, IO, Bf16First, Pol, true>{x, y, length, inner, bs, sub, pol, true}.run(plan, u0, u1);
-        return;
-      }
-    }
     if (inner == 1) {
       const int64_t per_row = (length + plan.chunk - 1) / plan.chunk;
       for (int64_t u = u0; u < u1; ++u) {
@@ -477,19 +468,27 @@ MXOPS_VINL bool vector_walk_supported(const QdqParams& p, const Geometry& g) {
 }
 
 // The one dispatch from runtime parameters to a walker: calls fn(walker) with the walker of
-// lanes L that `p` and `t` select.
+// lanes L that `p` and `t` select; `stream` (vector lanes, float32, see stream_supported):
+// the walker that stores non-temporally.
 template <class L, class Fn>
-void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g, Fn&& fn) {
+void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g, Fn&& fn,
+                 bool stream = false) {
   auto with_io = [&](auto io_tag, auto pol) {
     using IO = decltype(io_tag);
     using T = typename IO::T;
-    auto go = [&](auto bf16_first) {
-      fn(Walker<L, IO, decltype(bf16_first)::value, decltype(pol)>{
+    auto go = [&](auto bf16_first, auto stream_tag) {
+      fn(Walker<L, IO, decltype(bf16_first)::value, decltype(pol), decltype(stream_tag)::value>{
           static_cast<const T*>(x), static_cast<T*>(y), g.length, g.inner, p.block_size,
           p.method == Method::kToBfpPrime ? p.sub_block_size : p.block_size, pol});
     };
-    if (p.method != Method::kMx && p.bf16_first) go(std::true_type{});
-    else go(std::false_type{});
+    auto go_stream = [&](auto bf16_first) {
+      if constexpr (L::W > 1 && std::is_same_v<IO, Float32>) {
+        if (stream) return go(bf16_first, std::true_type{});
+      }
+      go(bf16_first, std::false_type{});
+    };
+    if (p.method != Method::kMx && p.bf16_first) go_stream(std::true_type{});
+    else go_stream(std::false_type{});
   };
   auto with_policy = [&](auto pol) {
     switch (t) {

@@ -135,10 +135,7 @@ void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geomet
                int64_t u0, int64_t u1) {
   const UnitPlan plan = plan_units(g, p.block_size);
   const bool stream = stream_supported<W>(t, y, g);
-  with_walker<VecLanes>(p, t, x, y, g, [&](auto walker) {
-    walker.stream = stream;
-    walker.run(plan, u0, u1);
-  });
+  with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, stream);
   // Non-temporal stores are weakly ordered: make them visible before the task reports done.
   if (stream) _mm_sfence();
 }
