@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterator, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import onnx
 from onnx import AttributeProto, helper
 
 from .formats import OPS, PRODUCT_DOMAIN, AttrSpec, resolve_attrs
+from .graph_walk import all_nodes
 
 __all__ = ["check_model", "model_problems"]
 
@@ -47,14 +48,6 @@ def _schema(node: onnx.NodeProto) -> Optional[tuple[str, dict[str, AttrSpec]]]:
     return node.op_type, {a.name: a for a in schema.attrs}
 
 
-def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs):
-                yield from _nodes(sub)
-
-
 def _type_name(attr: AttributeProto) -> str:
     return AttributeProto.AttributeType.Name(attr.type).lower()
 
@@ -62,7 +55,7 @@ def _type_name(attr: AttributeProto) -> str:
 def model_problems(model: onnx.ModelProto) -> tuple[int, list[str]]:
     """(number of nodes of this library's ops, one message per problem found in them)."""
     checked, problems = 0, []
-    for node in _nodes(model.graph):
+    for node in all_nodes(model.graph):
         found = _schema(node)
         if found is None:
             continue

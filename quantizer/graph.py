@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, TensorProto
 
+from ort_mx_ops.graph_walk import subgraphs as _subgraphs
+
 __all__ = ["ModelView", "Shape", "FLOAT_TYPES", "WeightRef"]
 
 log = logging.getLogger(__name__)
@@ -162,17 +164,6 @@ class ModelView:
             if a.name == name:
                 return onnx.helper.get_attribute_value(a)
         return default
-
-
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs held in ``node``'s attributes (If branches, Loop and Scan bodies)."""
-    found = []
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            found.append(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            found.extend(a.graphs)
-    return found
 
 
 def _all_names(graph: onnx.GraphProto) -> set[str]:

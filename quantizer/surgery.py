@@ -25,9 +25,10 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ort_mx_ops.formats import OPS, PRODUCT_DOMAIN, FormatSpec
+from ort_mx_ops.graph_walk import subgraphs as _subgraphs
 
 from .config import QuantizationConfig, as_format
 from .graph import ModelView
@@ -87,14 +88,6 @@ class Inserted:
 # --------------------------------------------------------------------------------------
 # Graph walking
 # --------------------------------------------------------------------------------------
-
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for a in node.attribute:
-        if a.type == AttributeProto.GRAPH:
-            yield a.g
-        elif a.type == AttributeProto.GRAPHS:
-            yield from a.graphs
-
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """``graph`` and every graph nested in it (If branches, Loop and Scan bodies)."""
