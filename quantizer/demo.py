@@ -73,8 +73,8 @@ class Row:
     file_mb: float
     weights_packed_mb: Optional[float]
     metrics: dict[str, float]
-    latency_ms: float
-    latency_vs_float: float = 1.0
+    latency_ms: Optional[float] = None       # None: not timed (--timing-rounds 0)
+    latency_vs_float: Optional[float] = None
     quantize_s: float = 0.0
     runtime_nodes: int = 0
     notes: list[str] = field(default_factory=list)
@@ -92,20 +92,38 @@ def _session(path: str, threads: int, custom_ops: bool):
 
 
 def _run_all(path: str, feeds: list[dict[str, np.ndarray]], threads: int, custom_ops: bool,
-             label: str, progress: bool) -> tuple[list[np.ndarray], float]:
-    """First output of ``path`` for every feed, and the median latency (ms) of one run."""
+             label: str, progress: bool) -> list[np.ndarray]:
+    """First output of ``path`` for every feed."""
     sess = _session(path, threads, custom_ops)
-    sess.run(None, feeds[0])  # warm-up: first-run allocations do not count
-    outs, times = [], []
+    outs = []
     bar = ProgressBar(f"  {label:<22}", len(feeds), enabled=progress)
     for feed in feeds:
-        t = time.perf_counter()
-        out = sess.run(None, feed)[0]
-        times.append((time.perf_counter() - t) * 1e3)
-        outs.append(out)
+        outs.append(sess.run(None, feed)[0])
         bar.update()
     bar.close()
-    return outs, statistics.median(times)
+    return outs
+
+
+def time_interleaved(models: list[tuple[str, bool]], feeds: list[dict[str, np.ndarray]],
+                     threads: int, rounds: int) -> list[tuple[float, float]]:
+    """Batch-1 latency of each model, timed interleaved so that every model sees the same
+    machine load: ``rounds`` times, each feed runs once on every model in turn.  ``models``
+    is ``(path, needs_custom_ops)`` with the reference model first.  Returns, per model, the
+    median latency of one run (ms) and the median over feeds and rounds of its time divided
+    by the reference's time on the same feed in the same round (a paired ratio, steadier
+    than a ratio of medians on a shared machine)."""
+    sessions = [_session(path, threads, custom) for path, custom in models]
+    for sess in sessions:
+        sess.run(None, feeds[0])  # warm-up: first-run allocations do not count
+    times: list[list[float]] = [[] for _ in models]
+    for _ in range(rounds):
+        for feed in feeds:
+            for k, sess in enumerate(sessions):
+                t = time.perf_counter()
+                sess.run(None, feed)
+                times[k].append((time.perf_counter() - t) * 1e3)
+    return [(statistics.median(ts),
+             statistics.median(t / r for t, r in zip(ts, times[0]))) for ts in times]
 
 
 class OcrTask:
@@ -202,7 +220,8 @@ def render_table(rows: list[Row], columns: list[tuple[str, str]]) -> list[list[s
                      "-" if r.weights_packed_mb is None else f"{r.weights_packed_mb:.2f}"] +
                     [_fmt(r.metrics.get(k, float("nan"))) if k in r.metrics else "-"
                      for k, _ in columns] +
-                    [f"{r.latency_ms:.1f}", f"{r.latency_vs_float:.2f}", str(r.runtime_nodes),
+                    (["-", "-"] if r.latency_ms is None else
+                     [f"{r.latency_ms:.1f}", f"{r.latency_vs_float:.2f}"]) + [str(r.runtime_nodes),
                      f"{r.quantize_s:.1f}" if r.placement != "-" else "-"])
     return body
 
@@ -255,12 +274,20 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="fast finetune option for the adaquant rows (as ort-mx-quantize --ff)")
     p.add_argument("--threads", type=int, default=0,
                    help="onnxruntime intra-op threads (default: onnxruntime's choice)")
+    p.add_argument("--timing-lines", type=int, default=20,
+                   help="inputs timed per round, for the latency columns (default 20)")
+    p.add_argument("--timing-rounds", type=int, default=3,
+                   help="rounds of interleaved timing: each round runs every timed input "
+                        "once on every model in turn (default 3; 0: no latency columns)")
     p.add_argument("--out-dir", default="demo_results",
                    help="where the Markdown and JSON tables go (default ./demo_results)")
     p.add_argument("--keep-models", action="store_true",
                    help="keep the quantized models in --out-dir/models")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.timing_rounds < 0 or args.timing_lines < 1:
+        p.error("--timing-rounds must be >= 0 and --timing-lines >= 1")
+    return args
 
 
 def parse_row(spec: str) -> tuple[str, dict[str, Any]]:
@@ -342,30 +369,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ort-mx-demo-") as tmp:
         work = model_dir or tmp
         os.makedirs(work, exist_ok=True)
-        ref, float_ms = _run_all(model_path, task.feeds, args.threads, False, "float", progress)
+        ref = _run_all(model_path, task.feeds, args.threads, False, "float", progress)
         rows = [Row("float32", "-", os.path.getsize(model_path) / 1e6, None,
-                    task.metrics(ref, None), float_ms)]
+                    task.metrics(ref, None))]
         rows[0].metrics.update({k: 1.0 for k in ("same_text_as_float", "frame_agreement",
                                                  "cosine_to_float", "top1_agreement")
                                 if any(k == c for c, _ in task.columns)})
+        timed = [(model_path, False)]
         for label, name, opts in runs:
             placement = opts.get("placement", "default")
             fname = label.replace("/", "_").replace("=", "").replace("+", "_")
             out = os.path.join(work, f"{fname}{'_quark' if placement == 'quark' else ''}.onnx")
             reader = _ListReader(calib) if calib else None
             summary = quantize_model(model_path, out, name, reader, progress=progress, **opts)
-            outs, ms = _run_all(out, task.feeds, args.threads, True,
-                                f"{label} ({placement})", progress)
+            outs = _run_all(out, task.feeds, args.threads, True, f"{label} ({placement})",
+                            progress)
             _, packed = summary.packed_weight_bytes()
             rows.append(Row(label, placement, summary.output_bytes / 1e6, packed / 1e6,
-                            task.metrics(outs, ref), ms, ms / float_ms, summary.seconds,
+                            task.metrics(outs, ref), None, None, summary.seconds,
                             summary.runtime_node_count(), summary.conflicts + summary.skipped))
+            timed.append((out, True))
+        if args.timing_rounds > 0:
+            if progress:
+                print(f"  timing {len(timed)} models interleaved, {args.timing_rounds} "
+                      f"round(s) of {min(len(task.feeds), args.timing_lines)} inputs",
+                      file=sys.stderr)
+            latencies = time_interleaved(timed, task.feeds[:args.timing_lines], args.threads,
+                                         args.timing_rounds)
+            for row, (ms, ratio) in zip(rows, latencies):
+                row.latency_ms, row.latency_vs_float = ms, ratio
     table = render_table(rows, task.columns)
     text = _plain(table)
     print(text)
     header = (f"# ort-mx-ops quantization demo\n\nmodel: `{os.path.basename(model_path)}`; "
-              f"data: {task.description}; latency: median of one-line runs (batch 1) on "
-              f"CPUExecutionProvider; 'weights packed MB' is what the quantized weights take in "
+              f"data: {task.description}; latency: median of one-input runs (batch 1) on "
+              f"CPUExecutionProvider, all models timed interleaved, 'x float' the median of "
+              f"paired ratios to the float model's run on the same input; 'weights packed MB' is what the quantized weights take in "
               f"their format with shared scales (the .onnx stores them dequantized, in "
               f"float32).\n\n")
     with open(os.path.join(args.out_dir, "demo.md"), "w", encoding="utf-8") as f:

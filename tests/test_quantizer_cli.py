@@ -72,7 +72,31 @@ def test_demo_generic_mode_writes_tables(tmp_path, capsys):
     assert [r["config"] for r in table] == ["float32", "MXINT8", "MXFP4E2M1"]
     cos = {r["config"]: r["metrics"]["cosine_to_float"] for r in table}
     assert cos["float32"] == 1.0 and 0.5 < cos["MXFP4E2M1"] < cos["MXINT8"] < 1.0
+    assert table[0]["latency_vs_float"] == 1.0
+    assert all(r["latency_ms"] > 0 and r["latency_vs_float"] > 0 for r in table)
     assert "| MXINT8 |" in (out_dir / "demo.md").read_text()
+
+
+def test_demo_times_models_interleaved_with_paired_ratios(tmp_path):
+    src = tmp_path / "f.onnx"
+    onnx.save(conv_model(), str(src))
+    feeds = [{"x": np.ones((1, 8, 10, 10), np.float32)}] * 2
+    # The same model twice: one latency per model, and the reference's paired ratio is 1.
+    timed = demo.time_interleaved([(str(src), False), (str(src), True)], feeds, 1, rounds=2)
+    assert len(timed) == 2
+    assert timed[0][1] == 1.0 and all(ms > 0 and ratio > 0 for ms, ratio in timed)
+
+
+def test_demo_without_timing_leaves_latency_columns_empty(tmp_path):
+    src = tmp_path / "f.onnx"
+    onnx.save(conv_model(), str(src))
+    out_dir = tmp_path / "res"
+    rc = demo.main(["--model", str(src), "--configs", "MXINT8", "--samples", "2",
+                    "--timing-rounds", "0", "--out-dir", str(out_dir), "--quiet"])
+    assert rc == 0
+    table = json.loads((out_dir / "demo.json").read_text())["rows"]
+    assert [(r["latency_ms"], r["latency_vs_float"]) for r in table] == [(None, None)] * 2
+    assert "| MXINT8 | default |" in (out_dir / "demo.md").read_text()
 
 
 def test_demo_reads_npz_samples_one_at_a_time(tmp_path):
