@@ -133,7 +133,7 @@ bool supports(const QdqParams& p, const Geometry& g) { return vector_walk_suppor
 
 void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                int64_t u0, int64_t u1) {
-  const UnitPlan plan = plan_units(g, p.block_size);
+  const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const bool stream = stream_supported<W>(t, y, g);
   with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, stream);
   // Non-temporal stores are weakly ordered: make them visible before the task reports done.
