@@ -6,7 +6,8 @@
 //
 // A lane set L provides: W (lanes), F / I / U (float, signed, unsigned lane types), all(mask),
 // group_max(v, steps) (maximum over aligned groups of 2^steps lanes, in every lane of the
-// group), and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
+// group), blend_lane(a, b, i) (a with lane i from b) and broadcast_lane(v, i) (lane i of v in
+// every lane) for 32-bit lane vectors, and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
 // numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs); vector
 // lanes also stream<Float32>(float*, F): the same store bypassing the caches (a non-temporal
 // store; the address aligned to the vector's size).
@@ -92,6 +93,10 @@ struct ScalarLanes {
   static MXOPS_VINL bool all(bool m) { return m; }
   template <class V>
   static MXOPS_VINL V group_max(V v, int /*steps*/) { return v; }
+  template <class V>
+  static MXOPS_VINL V blend_lane(V a, V /*b*/, int /*i*/) { return a; }
+  template <class V>
+  static MXOPS_VINL V broadcast_lane(V v, int /*i*/) { return v; }
   template <class IO, bool Exact = false>
   static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
   template <class IO>
@@ -468,12 +473,80 @@ struct Walker {
     }
   }
 
+  // Lane i of every 32-bit lane vector of a parameter struct (numerics.h's parameter structs
+  // hold only such vectors), in every lane.
+  template <class P>
+  static MXOPS_VINL P broadcast_lane(const P& p, int i) {
+    static_assert(std::is_trivially_copyable_v<P> && sizeof(P) % sizeof(K) == 0,
+                  "parameters must be lane vectors");
+    K v[sizeof(P) / sizeof(K)];
+    std::memcpy(v, &p, sizeof(P));
+    for (auto& e : v) e = L::broadcast_lane(e, i);
+    P out;
+    std::memcpy(&out, v, sizeof(P));
+    return out;
+  }
+
+  // lanes == W (every row vector is one pixel's W channels of a channel group) and no
+  // sub-blocks: the parameters of up to W pixels at once, pixel i in lane i of one vector,
+  // each then broadcast to its pixel's vectors. k[v]: pixel v's block maximum in every lane.
+  MXOPS_VINL void pixel_params_tile(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                                    int64_t nv, const K* k) const {
+    for (int64_t v0 = 0; v0 < nv; v0 += W) {
+      const int cnt = static_cast<int>(min64(W, nv - v0));
+      K kk = k[v0];  // lanes past cnt keep pixel v0's maximum
+      for (int i = 1; i < cnt; ++i) kk = L::blend_lane(kk, k[v0 + i], i);
+      const I s = pol.exponent(kk);
+      auto rows = [&](auto fast_tag) {
+        constexpr bool kFast = decltype(fast_tag)::value;
+        const auto prm = [&] {
+          if constexpr (kFast) return pol.fast_params(s, s);
+          else return pol.params(s, s);
+        }();
+        for (int i = 0; i < cnt; ++i) {
+          const auto pi = broadcast_lane(prm, i);
+          const T* col = px + (v0 + i) * W;
+          T* out = py + (v0 + i) * W;
+          for (int64_t j = 0; j < n; ++j) {
+            const F xv = load(col + j * inner);
+            if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pi));
+            else store(out + j * inner, pol.apply(xv, pi));
+          }
+        }
+      };
+      if (pol.fast(s)) rows(std::true_type{});
+      else rows(std::false_type{});
+    }
+  }
+
   // The sub-blocks of lanes_tile's tile with block maxima s[v], `sub_rows` rows x `sub_cols`
   // columns each; Fast / Normal as in tile_sub_blocks.
   template <bool Fast, bool Normal>
   MXOPS_VINL void lanes_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
                                    int64_t nv, const I* s, int64_t sub_rows,
                                    int64_t sub_cols) const {
+    auto one = [&](F xv, I sv, I sm, T* q) {
+      if constexpr (Fast) {
+        const auto prm = pol.fast_params(sv, sm);
+        if constexpr (Normal) store(q, pol.apply_normal(xv, prm));
+        else store(q, pol.apply_fast(xv, prm));
+      } else {
+        store(q, pol.apply(xv, pol.params(sv, sm)));
+      }
+    };
+    if (sub_rows == 1 && sub_cols <= W) {
+      // Sub-blocks inside one vector: one pass, each vector read once.
+      const int steps = log2_exact(sub_cols);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* const row = px + j * inner;
+        T* const out = py + j * inner;
+        for (int64_t v = 0; v < nv; ++v) {
+          const F xv = load(row + v * W);
+          one(xv, s[v], pol.exponent(L::group_max(pol.key(xv), steps)), out + v * W);
+        }
+      }
+      return;
+    }
     K km[kTileVectors];
     for (int64_t a = 0; a < n; a += sub_rows) {
       const int64_t len = min64(sub_rows, n - a);
@@ -483,18 +556,8 @@ struct Walker {
       column_groups_max(km, nv, sub_cols);
       for (int64_t v = 0; v < nv; ++v) {
         const I sm = pol.exponent(km[v]);
-        if constexpr (Fast) {
-          const auto prm = pol.fast_params(s[v], sm);
-          for (int64_t j = 0; j < len; ++j) {
-            const F xv = load(row + j * inner + v * W);
-            if constexpr (Normal) store(out + j * inner + v * W, pol.apply_normal(xv, prm));
-            else store(out + j * inner + v * W, pol.apply_fast(xv, prm));
-          }
-        } else {
-          const Params prm = pol.params(s[v], sm);
-          for (int64_t j = 0; j < len; ++j)
-            store(out + j * inner + v * W, pol.apply(load(row + j * inner + v * W), prm));
-        }
+        for (int64_t j = 0; j < len; ++j)
+          one(load(row + j * inner + v * W), s[v], sm, out + j * inner + v * W);
       }
     }
   }
@@ -514,8 +577,8 @@ struct Walker {
     I s[kTileVectors] = {};
     column_max(pol, px, n, inner, nv, k);
     column_groups_max(k, nv, lanes);
-    for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
     if constexpr (Pol::kSubBlocks) {
+      for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
       const int64_t sub = this->sub;
       const int64_t sub_rows = sub > lanes ? sub / lanes : 1;
       const int64_t sub_cols = sub > lanes ? lanes : sub;
@@ -525,7 +588,10 @@ struct Walker {
       if (fast && normal) lanes_sub_blocks<true, true>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else if (fast) lanes_sub_blocks<true, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else lanes_sub_blocks<false, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
+    } else if (W > 1 && lanes == W) {
+      pixel_params_tile(pol, px, py, n, inner, nv, k);
     } else {
+      for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
       bool fast = true;
       for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
       if (fast) {

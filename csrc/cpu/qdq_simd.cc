@@ -80,6 +80,16 @@ struct VecLanes {
     return v;
   }
 
+  // a with lane i taken from b; lane i of v in every lane (32-bit lane vectors).
+  template <class V>
+  static MXOPS_VINL V blend_lane(V a, V b, int i) {
+    return iota() == i ? b : a;
+  }
+  template <class V>
+  static MXOPS_VINL V broadcast_lane(V v, int i) {
+    return __builtin_shuffle(v, I{} + i);
+  }
+
   template <class IO, bool Exact = false>
   static MXOPS_VINL F load(const typename IO::T* p) {
     if constexpr (std::is_same_v<IO, Float32>) {
