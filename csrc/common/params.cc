@@ -340,8 +340,9 @@ Geometry make_block_geometry(const std::string& op, const std::vector<int64_t>& 
                           "the input has " + std::to_string(shape[1]) + " channels"};
   Geometry g = make_geometry(op, shape, 1);
   if (g.num_elements == 0 || g.identity || L == 1) return g;
-  if (p.block_size < L) {
-    // Every block is block_size consecutive floats of one NCHWc block, in channel order.
+  if (p.block_size <= L) {
+    // Every block is block_size consecutive floats of one NCHWc block, in channel order
+    // (measured: for block_size == L as fast as the lanes view, or faster).
     g.outer = 1;
     g.length = g.num_elements;
     g.inner = 1;

@@ -159,8 +159,8 @@ Geometry make_geometry(const std::string& op_name, const std::vector<int64_t>& s
 // `axis` must be 1 (after counting a negative one from the end) and the channel count
 // shape[1] a multiple of L; blocks of block_size consecutive channels of one pixel are then
 // read in the NCHWc memory order [N, C / L, d2, ..., L]: a view with lanes = L when
-// block_size is a multiple of L (L > 1), else (L a multiple of block_size) the plain flat
-// view, in which every block is block_size consecutive floats already. Throws
+// block_size is a multiple of L larger than L, else (L a multiple of block_size) the plain
+// flat view, in which every block is block_size consecutive floats already. Throws
 // InvalidArgument naming `op_name`.
 Geometry make_block_geometry(const std::string& op_name, const std::vector<int64_t>& shape,
                              const QdqParams& p);
