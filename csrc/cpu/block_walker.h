@@ -7,7 +7,8 @@
 // A lane set L provides: W (lanes), F / I / U (float, signed, unsigned lane types), all(mask),
 // group_max(v, steps) (maximum over aligned groups of 2^steps lanes, in every lane of the
 // group), blend_lane(a, b, i) (a with lane i from b) and broadcast_lane(v, i) (lane i of v in
-// every lane) for 32-bit lane vectors, and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
+// every lane) for 32-bit lane vectors, and load<IO, Exact>(const T*) / store<IO>(T*, F) for
+// the storage types of
 // numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs); vector
 // lanes also stream<Float32>(float*, F): the same store bypassing the caches (a non-temporal
 // store; the address aligned to the vector's size).
