@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional
 
 __all__ = ["QUARK_DOMAIN", "LEGACY_DOMAIN", "PRODUCT_DOMAIN", "AttrSpec", "OpSchema", "OPS",
            "op_schema", "block_op", "LEGACY_NAMES", "MXElementFormat", "MX_ELEMENT_FORMATS",
-           "BFP_METHODS", "FormatSpec", "CONFIGS", "FORMAT_FAMILIES", "catalogue",
+           "BFP_METHODS", "FormatSpec", "CONFIGS", "FORMAT_FAMILIES", "catalogue", "LAYOUT_ATTRS",
            "ADAQUANT_SUFFIX",
            "resolve_attrs"]
 
@@ -35,6 +35,7 @@ BFP_METHODS: dict[str, str] = {"to_bfp": "to_bfp", "to_bfp_prime": "to_bfp_prime
                                "to_bfp_prime_shared": "to_bfp_prime"}
 
 MAX_BLOCK_SIZE = 1 << 30  # the native kernels index blocks with 32-bit offsets
+MAX_NCHWC_BLOCK = 128  # nchwc_block: a power of two up to this (docs/formats.md, "NCHWc")
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,11 @@ class OpSchema:
 _AXIS = AttrSpec("axis", "int", 1)
 _LINEAR_ATTRS = (_AXIS,)  # Extended Q/DQ: the per-channel axis of scale and zero point
 _ROUNDING = AttrSpec("rounding_mode", "int", 0, 0, 2)
+# Our extension (not a Quark attribute): the input is in onnxruntime's NCHWc layout with
+# channel blocks of this size (0: the plain layout); a power of two, see resolve_attrs.
+_NCHWC_BLOCK = AttrSpec("nchwc_block", "int", 0, 0, MAX_NCHWC_BLOCK)
+# Attributes that describe a tensor (where its blocks lie), not a number format.
+LAYOUT_ATTRS = ("axis", "nchwc_block")
 
 _BFP_ATTRS = (
     AttrSpec("bfp_method", "string", "to_bfp", allowed=tuple(BFP_METHODS)),
@@ -139,12 +145,14 @@ _BFP_ATTRS = (
     AttrSpec("sub_block_shift_bits", "int", 1, 0, 8),
     AttrSpec("convert_to_bfloat_before_bfp", "int", 0, 0, 1),
     AttrSpec("use_compiler_version_cpu_kernel", "int", 0, 0, 0),  # not implemented yet
+    _NCHWC_BLOCK,
 )
 _MX_ATTRS = (
     AttrSpec("element_dtype", "string", "int8", allowed=tuple(MX_ELEMENT_FORMATS)),
     _AXIS,
     AttrSpec("block_size", "int", 32, 1, MAX_BLOCK_SIZE),
     _ROUNDING,
+    _NCHWC_BLOCK,
 )
 
 _CANONICAL = [
@@ -188,17 +196,20 @@ def block_op(family: str, legacy: bool = False) -> tuple[str, str]:
 
 def resolve_attrs(op: str, attrs: Mapping[str, Any], *, allow_axis: bool = True) -> dict[str, Any]:
     """``attrs`` of op ``op`` with every default filled in, validated as the native library
-    validates them: ``ValueError`` for an unknown attribute or a value out of range."""
+    validates them: ``ValueError`` for an unknown attribute or a value out of range.
+    ``allow_axis=False`` (a number format's attributes): without the layout attributes
+    (:data:`LAYOUT_ATTRS`, which belong to a tensor)."""
     schema = OPS[op]
     known = {a.name for a in schema.attrs}
     if not allow_axis:
-        known.discard("axis")
+        known.difference_update(LAYOUT_ATTRS)
     unknown = sorted(set(attrs) - known)
     if unknown:
         raise ValueError(f"{op}: unknown attribute(s) {unknown}; allowed: {sorted(known)}")
     full = {**schema.defaults(), **attrs}
     if not allow_axis:
-        full.pop("axis", None)
+        for name in LAYOUT_ATTRS:
+            full.pop(name, None)
     prime = schema.kind == "BFP" and BFP_METHODS.get(full["bfp_method"]) == "to_bfp_prime"
     for a in schema.attrs:
         if a.name in full and (prime or a.name not in ("sub_block_size", "sub_block_shift_bits")):
@@ -206,6 +217,17 @@ def resolve_attrs(op: str, attrs: Mapping[str, Any], *, allow_axis: bool = True)
     if prime and full["block_size"] % full["sub_block_size"]:
         raise ValueError(f"{op}: sub_block_size ({full['sub_block_size']}) must divide "
                          f"block_size ({full['block_size']})")
+    lanes, bs = full.get("nchwc_block", 0), full.get("block_size", 1)
+    if lanes:
+        if lanes & (lanes - 1):
+            raise ValueError(f"{op}: nchwc_block must be 0 or a power of two, got {lanes}")
+        if bs % lanes and lanes % bs:
+            raise ValueError(f"{op}: nchwc_block ({lanes}) must divide block_size ({bs}) or be "
+                             "a multiple of it")
+        sub = full.get("sub_block_size", 0)
+        if prime and bs > lanes > 1 and sub % lanes and lanes % sub:
+            raise ValueError(f"{op}: sub_block_size ({sub}) must divide nchwc_block ({lanes}) "
+                             f"or be a multiple of it (block_size {bs})")
     return full
 
 
@@ -230,6 +252,9 @@ class FormatSpec:
         if "axis" in self.attrs:
             raise ValueError("FormatSpec.attrs must not set 'axis': the quantizer chooses the "
                              "block axis per tensor (see docs/quantizer.md)")
+        if "nchwc_block" in self.attrs:
+            raise ValueError("FormatSpec.attrs must not set 'nchwc_block': it describes a "
+                             "tensor's memory layout (ort_mx_ops.quantizer.nchwc sets it)")
         if self.op == "BF16":
             if self.attrs:
                 raise ValueError(f"BF16 takes no attributes, got {sorted(self.attrs)}")
@@ -276,7 +301,8 @@ class FormatSpec:
         if self.op == "BF16":
             return {}
         defaults = OPS[FORMAT_FAMILIES[self.op]].defaults()  # type: ignore[index]
-        defaults.pop("axis")
+        for name in LAYOUT_ATTRS:
+            defaults.pop(name)
         return {**defaults, **dict(self.attrs)}
 
     def node_attrs(self, axis: int) -> dict[str, Any]:

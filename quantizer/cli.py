@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(hardware-specific; run it with graph optimisations off: "
                         "docs/quantizer.md)")
     p.add_argument("--nchwc-shape", action="append", default=[], metavar="NAME=D0xD1...",
-                   help="with --nchwc: fix an input's shape (repeatable; fewer nodes)")
+                   help="with --nchwc: fix an input's shape (repeatable)")
     amp = p.add_argument_group("sensitivity and automatic mixed precision")
     amp.add_argument("--analyze", action="store_true",
                      help="print the sensitivity of the output to each tensor in each "

@@ -11,11 +11,12 @@ What: onnxruntime optimises the model (``ORT_ENABLE_ALL``, our ops registered) a
 optimised graph; then every ``ReorderOutput -> our op -> ReorderInput`` chain whose op can work
 on the blocked data directly loses both conversions:
 
-* BFP / MX nodes whose ``block_size`` divides B, blocked along the channel axis of a tensor
-  whose channel count is a multiple of B: in NCHWc memory every block of ``block_size``
-  consecutive channels of one pixel is ``block_size`` consecutive floats, aligned, in channel
-  order -- exactly what the node blocks when it sees the buffer as ``[N, C*H*W]`` along
-  axis 1.  So the node runs between two (copy-free) ``Reshape`` s on the blocked tensor.
+* BFP / MX nodes blocked along the channel axis of a tensor whose channel count is a multiple
+  of B, with a ``block_size`` that is a multiple of B or divides it: the node gets the
+  attribute ``nchwc_block = B`` (docs/formats.md, "NCHWc layout") and reads the blocked tensor
+  itself, memory ``[N, C/B, H, W, B]``: each block is the same ``block_size`` consecutive
+  channels of one pixel as in the plain layout, gathered from ``block_size / B`` channel
+  groups (or, where ``block_size`` divides B, ``block_size`` consecutive floats of one group).
 * BF16 (``ExtendedQuantizeLinear -> ExtendedDequantizeLinear``): elementwise, runs on the
   blocked tensor as it is.
 
@@ -23,10 +24,12 @@ Every quantized value is computed from the same block of the same values in the 
 so the outputs are bit-identical to the same quantized model run normally (the tests check it).
 The result is hardware-specific (onnxruntime warns the same of any model saved with its layout
 optimisations): it must run on a machine with the same NCHWc block, with onnxruntime's graph
-optimisations disabled (``ORT_DISABLE_ALL``; :func:`session_options` does that); the model's
-metadata records the onnxruntime version and B it was made for.  Blocks that straddle NCHWc
-blocks (``block_size`` > B, e.g. MX formats' 32 on any CPU, MX9's 16 on AVX2) keep the
-conversions.
+optimisations disabled (``ORT_DISABLE_ALL``; :func:`session_options` does that), with a
+version of this library that knows ``nchwc_block``, on the CPU execution provider (the GPU
+kernels refuse the attribute); the model's metadata records the onnxruntime version and B it
+was made for.  Nodes of ours that keep their conversions, with why, are listed in the report:
+a ``block_size`` that is neither a multiple nor a divisor of B, channel counts that are not
+multiples of B, a node read outside the layout.
 """
 from __future__ import annotations
 
@@ -142,29 +145,6 @@ def _is_scalar(g: onnx.GraphProto, name: str) -> bool:
     return False
 
 
-def _static_shapes(model_path: str, input_shapes: dict[str, list[int]]
-                   ) -> dict[str, list[int]]:
-    """For each of our nodes (by name) in ``model_path``, the shape of its input when the
-    graph inputs have ``input_shapes`` (onnx shape inference; only fully known shapes)."""
-    m = onnx.load(model_path)
-    _fix_inputs(m, input_shapes)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(m)
-    for n in probe.graph.node:
-        if n.domain in _OUR_DOMAINS:  # shape-preserving: an Identity for shape inference
-            keep_in, keep_out = n.input[0], n.output[0]
-            n.Clear()
-            n.CopyFrom(helper.make_node("Identity", [keep_in], [keep_out]))
-    inferred = onnx.shape_inference.infer_shapes(probe)
-    known = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            known[vi.name] = [int(d.dim_value) for d in dims]
-    return {n.name: known[n.input[0]] for n in m.graph.node
-            if n.domain in _OUR_DOMAINS and n.input and n.input[0] in known}
-
-
 def _fix_inputs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> None:
     """Give the graph inputs named in ``input_shapes`` those fixed dimensions."""
     inputs = {i.name: i for i in model.graph.input}
@@ -180,8 +160,7 @@ def _fix_inputs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> N
             d.dim_value = int(v)
 
 
-def _rewrite(model: onnx.ModelProto, block: int,
-             shapes: Optional[dict[str, list[int]]] = None) -> NchwcReport:
+def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
     g = model.graph
     report = NchwcReport(block=block)
     producer = {o: n for n in g.node for o in n.output}
@@ -194,21 +173,11 @@ def _rewrite(model: onnx.ModelProto, block: int,
                                  and n.domain == _NCHWC_DOMAIN for n in g.node)
     replace: dict[int, list[onnx.NodeProto]] = {}
     drop: set[int] = set()
-    used = {i.name for i in g.initializer} | {x for n in g.node for x in (*n.input, *n.output)}
-
-    def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        used.add(name)
-        return name
 
     def sole_consumer(name: str) -> Optional[onnx.NodeProto]:
         c = consumers.get(name, [])
         return c[0] if len(c) == 1 and name not in outputs else None
 
-    flat_shape = None
     for node in g.node:
         if node.domain not in _OUR_DOMAINS or node.op_type not in _BLOCK_OPS | {
                 "ExtendedQuantizeLinear"}:
@@ -254,41 +223,26 @@ def _rewrite(model: onnx.ModelProto, block: int,
         else:
             a = _attrs(node)
             axis, bs = int(a.get("axis", 1)), int(a.get("block_size", 0))
+            sub = int(a.get("sub_block_size", 2))
+            prime = a.get("bfp_method", b"to_bfp") in (b"to_bfp_prime", b"to_bfp_prime_shared")
             if axis not in (1, -3):
                 report.kept.append(f"{label}: blocked along axis {axis}, not the channels")
                 continue
-            if bs <= 0 or block % bs:
-                report.kept.append(f"{label}: block_size {bs} straddles NCHWc blocks of "
-                                   f"{block}")
+            if int(a.get("nchwc_block", 0)):
+                report.kept.append(f"{label}: has nchwc_block already")
                 continue
-            static = (shapes or {}).get(node.name)
-            if static is not None and len(static) == 4 and static[3] % bs == 0:
-                # Rows of W floats, W a multiple of block_size: blocks along the last axis
-                # of the blocked buffer seen as [N, C, H, W] are the aligned channel runs.
-                a["axis"] = 3
-                new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
-                                        name=node.name, **a)]
-            else:
-                if flat_shape is None:
-                    flat_shape = fresh("nchwc_flat_shape")
-                    g.initializer.append(numpy_helper.from_array(np.array([0, -1], np.int64),
-                                                                 flat_shape))
-                flat, qflat = fresh(f"{x}_nchwc_flat"), fresh(f"{node.output[0]}_nchwc_flat")
-                a["axis"] = 1
-                new = [helper.make_node("Reshape", [x, flat_shape], [flat],
-                                        name=fresh(f"{node.name}_Reshape_flat")),
-                       helper.make_node(node.op_type, [flat], [qflat], domain=node.domain,
-                                        name=node.name, **a)]
-                if static is not None:
-                    back = fresh(f"{x}_shape")
-                    g.initializer.append(numpy_helper.from_array(np.array(static, np.int64),
-                                                                 back))
-                else:
-                    back = fresh(f"{x}_shape")
-                    new.insert(0, helper.make_node("Shape", [x], [back],
-                                                   name=fresh(f"{node.name}_Shape")))
-                new.append(helper.make_node("Reshape", [qflat, back], [ri.output[0]],
-                                            name=fresh(f"{node.name}_Reshape_back")))
+            if bs <= 0 or (bs % block and block % bs):
+                report.kept.append(f"{label}: block_size {bs} is neither a multiple nor a "
+                                   f"divisor of the NCHWc block {block}")
+                continue
+            if prime and bs > block and sub % block and block % sub:
+                report.kept.append(f"{label}: sub_block_size {sub} straddles NCHWc blocks "
+                                   f"of {block}")
+                continue
+            a["axis"] = 1
+            a["nchwc_block"] = block
+            new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
+                                    name=node.name, **a)]
         replace[id(chain[0])] = new
         drop.update(id(n) for n in chain[1:])
         drop.add(id(ri))
@@ -315,23 +269,21 @@ def optimize_nchwc(model_path: str, output_path: str,
     (see the module documentation).  Run it with :func:`session_options`.
 
     ``input_shapes`` (name -> dims) fixes those inputs' shapes in the output model (other
-    shapes are then refused by onnxruntime); knowing the shapes, a node needs no Shape /
-    Reshape around it (one node instead of three where the width is a multiple of its block
-    size).  Raises ``ValueError`` when input and output are the same file or a shape does not
-    fit the model, and refuses (``ValueError`` / ``FileNotFoundError``) to write over the
-    input model or its data files, or into a missing directory."""
+    shapes are then refused by onnxruntime).  Raises ``ValueError`` when input and output are
+    the same file or a shape does not fit the model, and refuses (``ValueError`` /
+    ``FileNotFoundError``) to write over the input model or its data files, or into a missing
+    directory."""
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"model file not found: {model_path}")
     from .quantize import check_output
     check_output(model_path, output_path)
     ort = _ort()
     block = nchwc_block_size()
-    shapes = _static_shapes(model_path, input_shapes) if input_shapes else None
     with tempfile.TemporaryDirectory() as tmp:
         model = _optimized_by_ort(model_path, os.path.join(tmp, "optimized.onnx"))
     if input_shapes:
         _fix_inputs(model, input_shapes)
-    report = _rewrite(model, block, shapes) if block else NchwcReport(block=0)
+    report = _rewrite(model, block) if block else NchwcReport(block=0)
     if not block:
         report.kept.append("onnxruntime does not use the NCHWc layout on this CPU")
     meta = {p.key: p for p in model.metadata_props}
@@ -363,7 +315,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("--shape", action="append", default=[],
-                   help="NAME=1x3x48x192: fix an input's shape (repeatable; fewer nodes)")
+                   help="NAME=1x3x48x192: fix an input's shape (repeatable)")
     args = p.parse_args(argv)
     try:
         r = optimize_nchwc(args.input, args.output, parse_shapes(args.shape) or None)

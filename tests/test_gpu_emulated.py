@@ -127,6 +127,8 @@ def test_emulated_execution_provider(emulated):
     ("axis=5", "axis"),
     ("colour=2", "unknown attribute"),
     ("block_size", "key=value"),
+    # onnxruntime's NCHWc layout is its CPU provider's: the GPU kernels refuse it
+    ("nchwc_block=8", "nchwc_block' = 8 is for the CPU kernels only"),
 ])
 def test_emulated_bad_attributes_are_errors(emulated, attrs, message):
     x = np.zeros((4, 16), np.float32)

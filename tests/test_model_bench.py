@@ -159,8 +159,9 @@ def test_nchwc_variants(tmp_path):
     for label in ("float+nchwc", "BFP16+nchwc", "MXINT8+nchwc"):
         assert rows[label]["bit_identical_to_same_as"] is True
         assert rows[label]["ratio_to_float_nchwc"] > 0
-    # conv0 -> relu -> node -> conv1 and conv1 -> node -> conv2: BFP16's blocks of 8 fit
-    assert rows["BFP16+nchwc"]["nchwc_rewritten"] == 2
+    # conv0 -> relu -> node -> conv1 and conv1 -> node -> conv2: BFP16's blocks of 8 and
+    # MXINT8's of 32 are a divisor or a multiple of B (nchwc_block)
     layout = {k: r["profile"]["layout_nodes"] for k, r in rows.items()}
-    assert layout["BFP16+nchwc"] == layout["BFP16"] - 4
-    assert rows["MXINT8+nchwc"]["nchwc_rewritten"] == (2 if block % 32 == 0 else 0)
+    for config in ("BFP16", "MXINT8"):
+        assert rows[config + "+nchwc"]["nchwc_rewritten"] == 2
+        assert layout[config + "+nchwc"] == layout[config] - 4

@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ort_mx_ops
+from ort_mx_ops import formats
 from ort_mx_ops.quantizer import quantize_model
 from ort_mx_ops.quantizer import nchwc
 
@@ -64,7 +65,8 @@ def _run(path, so, x):
     return sess.run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize("config", ["BFP16", "MX9", "MXINT8", "MXFP4E2M1", "BF16"])
+@pytest.mark.parametrize("config", ["BFP16", "MX9", "MX4", "MXINT8", "MXFP8E4M3", "MXFP4E2M1",
+                                    "BF16"])
 def test_bit_identical_to_default_run(tmp_path, config):
     q = str(tmp_path / "q.onnx")
     quantize_model(_cnn(tmp_path / "m.onnx"), q, config)
@@ -76,15 +78,21 @@ def test_bit_identical_to_default_run(tmp_path, config):
         a, b = _run(q, plain, x), _run(out, nchwc.session_options(), x)
         assert a.shape == b.shape
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), config
-    block_size = {"BFP16": 8, "MX9": 16, "MXINT8": 32, "MXFP4E2M1": 32, "BF16": 1}[config]
+    block_size = formats.CONFIGS[config].block_size
     # conv0 -> relu (fused into the NCHWc conv) -> our node -> conv1, and conv1 -> our node
-    # -> conv2: two chains between convolutions
-    if BLOCK % block_size == 0:
-        assert len(report.rewritten) == 2, report
-        assert report.reorders_after == report.reorders_before - 4
-    else:
-        assert report.rewritten == [] and report.reorders_after == report.reorders_before
-        assert sum("straddles" in k for k in report.kept) == 2, report.kept
+    # -> conv2: two chains between convolutions; every built-in block size is a power of two
+    # (a multiple or a divisor of B)
+    assert BLOCK % block_size == 0 or block_size % BLOCK == 0
+    assert len(report.rewritten) == 2, report
+    assert report.reorders_after == report.reorders_before - 4
+    nodes = onnx.load(out).graph.node
+    ours = [n for n in nodes if n.domain in (formats.QUARK_DOMAIN, formats.LEGACY_DOMAIN)]
+    if config != "BF16":  # the two nodes read the blocked tensors themselves
+        lanes = [helper.get_attribute_value(a) for n in ours for a in n.attribute
+                 if a.name == "nchwc_block"]
+        assert lanes == [BLOCK, BLOCK], lanes
+        assert not [n for n in nodes if n.name.startswith(tuple(n.name for n in ours))
+                    and n.op_type in ("Reshape", "Shape")]
     meta = {p.key: p.value for p in onnx.load(out).metadata_props}
     assert meta[nchwc.METADATA_KEY] == f"onnxruntime {ort.__version__}; NCHWc block {BLOCK}"
 
@@ -92,8 +100,8 @@ def test_bit_identical_to_default_run(tmp_path, config):
 @pytest.mark.parametrize("config", ["BFP16", "MX9"])
 @pytest.mark.parametrize("hw", [(12, 16), (7, 9)])
 def test_fixed_shapes(tmp_path, config, hw):
-    """With the input shape fixed, a rewritten node needs no Shape node; with the width a
-    multiple of its block size, no Reshape either.  Other shapes are refused."""
+    """With the input shape fixed, the model runs that shape (no Shape / Reshape nodes
+    around ours) and refuses others."""
     q = str(tmp_path / "q.onnx")
     quantize_model(_cnn(tmp_path / "m.onnx"), q, config)
     out = str(tmp_path / "q_nchwc.onnx")
@@ -105,10 +113,7 @@ def test_fixed_shapes(tmp_path, config, hw):
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     nodes = onnx.load(out).graph.node
     assert "Shape" not in [n.op_type for n in nodes]
-    ours = [n for n in nodes if n.op_type == "Reshape" and "_Reshape_" in n.name]
-    if report.rewritten:
-        bs = 8 if config == "BFP16" else 16
-        assert len(ours) == (0 if hw[1] % bs == 0 else 2 * len(report.rewritten))
+    assert len(report.rewritten) == 2
     with pytest.raises(Exception, match="[Ii]nvalid|dimension|shape"):
         _run(out, nchwc.session_options(), np.zeros((1, 3, 8, 8), np.float32))
     with pytest.raises(ValueError, match="no input"):
@@ -168,3 +173,38 @@ def test_quantize_cli(tmp_path):
                      "--quiet"]) == 2
     assert open(model, "rb").read() == before
     assert [f for f in os.listdir(tmp_path) if f.startswith(".ort-mx")] == []
+
+
+def _classifier() -> str:
+    import importlib.util
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or spec.origin is None:
+        pytest.skip("rapidocr-onnxruntime (the classifier) is not installed")
+    return os.path.join(os.path.dirname(spec.origin), "models",
+                        "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+
+
+@pytest.mark.parametrize("config", ["MX9", "MXFP8E4M3", "MXINT8"])
+def test_classifier_bit_identical_with_fewer_conversions(tmp_path, config):
+    """rapidocr's text-direction classifier (MobileNetV3): every node of ours between two
+    NCHWc convolutions reads the blocked tensor (nchwc_block = B), so the layout conversions
+    around them go; the outputs keep every bit, at the fixed shape and at another width."""
+    q = str(tmp_path / "q.onnx")
+    quantize_model(_classifier(), q, config)
+    out, fixed = str(tmp_path / "q_nchwc.onnx"), str(tmp_path / "q_nchwc_fixed.onnx")
+    report = nchwc.optimize_nchwc(q, out)
+    assert report.rewritten, report.kept
+    assert not [k for k in report.kept if "block_size" in k or "straddles" in k], report.kept
+    assert report.reorders_after == report.reorders_before - 2 * len(report.rewritten)
+    lanes = [helper.get_attribute_value(a) for n in onnx.load(out).graph.node
+             for a in n.attribute if a.name == "nchwc_block"]
+    assert lanes == [BLOCK] * len(report.rewritten)
+    fixed_report = nchwc.optimize_nchwc(q, fixed, {"x": [1, 3, 48, 192]})
+    assert fixed_report.rewritten == report.rewritten
+    rng = np.random.default_rng(1)
+    plain = ort_mx_ops.register(ort.SessionOptions())
+    x = rng.random((1, 3, 48, 192), dtype=np.float32)
+    runs = [(out, x), (fixed, x), (out, (rng.standard_normal((2, 3, 48, 100)) * 3).astype(np.float32))]
+    for path, xi in runs:
+        a, b = _run(q, plain, xi), _run(path, nchwc.session_options(), xi)
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (config, path, xi.shape)

@@ -24,6 +24,9 @@ PackedOp parse_packed_op(const std::string& op, bool mx, const AttributeSource& 
   if (!mx && q.bf16_first)
     throw InvalidArgument{op + ": attribute 'convert_to_bfloat_before_bfp' does not apply to "
                           "packed weights; allowed: 0"};
+  if (q.nchwc_block != 0)
+    throw InvalidArgument{op + ": attribute 'nchwc_block' does not apply to packed weights; "
+                          "allowed: 0"};
   const Geometry g = make_geometry(op, shape, q.axis);
   PackedParams& pp = p.params;
   pp.mx = mx;

@@ -89,6 +89,15 @@ AttrSpec rounding_mode_attr() {
   return int_attr("rounding_mode", 0, 0, 2, "0 (half away from zero), 1 (half up), 2 (half to even)");
 }
 
+// Our extension, not a Quark attribute: the input is in onnxruntime's NCHWc layout.
+constexpr int64_t kMaxNchwcBlock = 128;
+
+AttrSpec nchwc_block_attr() {
+  return int_attr("nchwc_block", 0, 0, kMaxNchwcBlock,
+                  "0 (the plain layout) or a power of two from 1 to 128 (the channel block of "
+                  "onnxruntime's NCHWc layout)");
+}
+
 }  // namespace
 
 const std::vector<AttrSpec>& attributes_of(OpKind kind) {
@@ -104,12 +113,14 @@ const std::vector<AttrSpec>& attributes_of(OpKind kind) {
       int_attr("convert_to_bfloat_before_bfp", 0, 0, 1, "0 or 1"),
       int_attr("use_compiler_version_cpu_kernel", 0, 0, 0,
                "0 (the compiler-version kernel is not implemented yet)"),
+      nchwc_block_attr(),
   };
   static const std::vector<AttrSpec> mx = {
       string_attr("element_dtype", "int8", mx_format_names()),
       int_attr("axis", 1),
       block_size_attr(32),
       rounding_mode_attr(),
+      nchwc_block_attr(),
   };
   static const std::vector<AttrSpec> linear = {int_attr("axis", 1)};
   switch (kind) {
@@ -231,6 +242,17 @@ QdqParams parse_block_attributes(OpKind kind, const std::string& op, const Attri
   p.axis = r.raw_int("axis");
   p.block_size = static_cast<int>(r.checked_int("block_size"));
   p.rounding_mode = static_cast<int>(r.checked_int("rounding_mode"));
+  const int64_t nchwc = r.checked_int("nchwc_block");
+  if (nchwc > 0) {
+    if ((nchwc & (nchwc - 1)) != 0)
+      fail(op, "nchwc_block", std::to_string(nchwc),
+           "0 (the plain layout) or a power of two from 1 to " + std::to_string(kMaxNchwcBlock));
+    if (p.block_size % nchwc != 0 && nchwc % p.block_size != 0)
+      fail(op, "nchwc_block", std::to_string(nchwc),
+           "0, or a power of two that divides block_size (" + std::to_string(p.block_size) +
+               ") or is a multiple of it");
+  }
+  p.nchwc_block = static_cast<int>(nchwc);
   if (kind == OpKind::kMx) {
     p.method = Method::kMx;
     const std::string name = r.checked_string("element_dtype");
@@ -251,6 +273,13 @@ QdqParams parse_block_attributes(OpKind kind, const std::string& op, const Attri
            "a divisor of block_size (" + std::to_string(p.block_size) + ")");
     p.sub_block_size = static_cast<int>(sub);
     p.sub_block_shift_bits = static_cast<int>(r.checked_int("sub_block_shift_bits"));
+    // Blocks across NCHWc blocks: a sub-block must be whole lanes of one row or whole rows.
+    const int64_t L = p.nchwc_block;
+    if (L > 1 && p.block_size > L && sub % L != 0 && L % sub != 0)
+      fail(op, "sub_block_size", std::to_string(sub),
+           "with nchwc_block = " + std::to_string(L) + " and block_size " +
+               std::to_string(p.block_size) + ", a divisor of block_size that divides " +
+               std::to_string(L) + " or is a multiple of it");
   }
   return p;
 }
@@ -288,6 +317,40 @@ Geometry make_geometry(const std::string& op, const std::vector<int64_t>& shape,
   for (int64_t i = 0; i < axis; ++i) g.outer *= shape[i];
   for (int64_t i = axis + 1; i < rank; ++i) g.inner *= shape[i];
   g.length = shape[axis];
+  return g;
+}
+
+Geometry make_block_geometry(const std::string& op, const std::vector<int64_t>& shape,
+                             const QdqParams& p) {
+  const int64_t L = p.nchwc_block;
+  if (L == 0) return make_geometry(op, shape, p.axis);
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (rank < 2)
+    throw InvalidArgument{op + ": attribute 'nchwc_block' = " + std::to_string(L) +
+                          " needs an input of rank >= 2 ([N, C, ...] in NCHWc memory order); "
+                          "the input has rank " + std::to_string(rank) + "; allowed: 0"};
+  if (p.axis != 1 && p.axis != 1 - rank)
+    throw InvalidArgument{op + ": attribute 'axis' = " + std::to_string(p.axis) +
+                          " with nchwc_block = " + std::to_string(L) +
+                          " (an input of rank " + std::to_string(rank) +
+                          "); allowed: 1 (the channels), or " + std::to_string(1 - rank)};
+  if (shape[1] % L != 0)
+    throw InvalidArgument{op + ": attribute 'nchwc_block' = " + std::to_string(L) +
+                          " needs a channel count (input dimension 1) that is a multiple of it; "
+                          "the input has " + std::to_string(shape[1]) + " channels"};
+  Geometry g = make_geometry(op, shape, 1);
+  if (g.num_elements == 0 || g.identity || L == 1) return g;
+  if (p.block_size <= L) {
+    // Every block is block_size consecutive floats of one NCHWc block, in channel order
+    // (measured: for block_size == L as fast as the lanes view, or faster).
+    g.outer = 1;
+    g.length = g.num_elements;
+    g.inner = 1;
+    return g;
+  }
+  g.length = shape[1] / L;
+  g.inner *= L;
+  g.lanes = L;
   return g;
 }
 

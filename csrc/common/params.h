@@ -33,6 +33,9 @@ struct QdqParams {
   bool bf16_first = false;  // convert_to_bfloat_before_bfp
   // MX
   MxElement element{0, 0, 0, 0.0f, true};
+  // nchwc_block (our extension): 0 for the plain layout; L > 0: the input is stored in
+  // onnxruntime's blocked NCHWc layout with blocks of L channels (see make_block_geometry).
+  int nchwc_block = 0;
 };
 
 // ------------------------------------------------------------------------------------------
@@ -132,10 +135,16 @@ int64_t parse_linear_attributes(OpKind kind, const std::string& op, const Attrib
 // The tensor as the kernel sees it: [outer, length, inner] with blocks of block_size along
 // `length`. `identity` is set for a one-element tensor, which is returned unchanged (rounded
 // to bfloat16 first when bf16_first), as Quark does.
+//
+// lanes > 1 (nchwc_block = L with block_size a multiple of L): the memory is [outer = N,
+// length = C / L, inner = pixels * L], channel c of a pixel at row c / L, lane c % L of the
+// pixel's L adjacent columns; a block is block_size / L consecutive rows (fewer for the last)
+// times the L aligned columns of one pixel. Only the CPU kernels walk this view.
 struct Geometry {
   int64_t outer = 0, length = 0, inner = 0;
   int64_t num_elements = 0;
   bool identity = false;
+  int64_t lanes = 1;
 
   int64_t blocks_along(int block_size) const { return (length + block_size - 1) / block_size; }
 };
@@ -144,6 +153,17 @@ struct Geometry {
 // axis must lie in [-rank, rank-1]. Throws InvalidArgument naming `op_name`.
 Geometry make_geometry(const std::string& op_name, const std::vector<int64_t>& shape,
                        int64_t axis);
+
+// Geometry of the input of a BFP / MX node with parameters `p` and logical `shape`: that of
+// make_geometry without nchwc_block. With nchwc_block = L > 0 the input must have rank >= 2,
+// `axis` must be 1 (after counting a negative one from the end) and the channel count
+// shape[1] a multiple of L; blocks of block_size consecutive channels of one pixel are then
+// read in the NCHWc memory order [N, C / L, d2, ..., L]: a view with lanes = L when
+// block_size is a multiple of L larger than L, else (L a multiple of block_size) the plain
+// flat view, in which every block is block_size consecutive floats already. Throws
+// InvalidArgument naming `op_name`.
+Geometry make_block_geometry(const std::string& op_name, const std::vector<int64_t>& shape,
+                             const QdqParams& p);
 
 const char* dtype_name(DType t);
 

@@ -6,7 +6,9 @@
 //
 // A lane set L provides: W (lanes), F / I / U (float, signed, unsigned lane types), all(mask),
 // group_max(v, steps) (maximum over aligned groups of 2^steps lanes, in every lane of the
-// group), and load<IO, Exact>(const T*) / store<IO>(T*, F) for the storage types of
+// group), blend_lane(a, b, i) (a with lane i from b) and broadcast_lane(v, i) (lane i of v in
+// every lane) for 32-bit lane vectors, and load<IO, Exact>(const T*) / store<IO>(T*, F) for
+// the storage types of
 // numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs); vector
 // lanes also stream<Float32>(float*, F): the same store bypassing the caches (a non-temporal
 // store; the address aligned to the vector's size).
@@ -51,6 +53,12 @@ struct UnitPlan {
   int64_t chunk = 0;       // blocked axis innermost: elements per unit along a row
 };
 
+// The blocks of `p` along the walk's `length`: block_size elements, or block_size / lanes
+// rows of lanes columns each in the NCHWc view (Geometry::lanes > 1).
+MXOPS_VINL int64_t walk_block_size(const QdqParams& p, const Geometry& g) {
+  return g.lanes > 1 ? p.block_size / g.lanes : p.block_size;
+}
+
 MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size) {
   UnitPlan p;
   const int64_t bs = block_size;
@@ -86,6 +94,10 @@ struct ScalarLanes {
   static MXOPS_VINL bool all(bool m) { return m; }
   template <class V>
   static MXOPS_VINL V group_max(V v, int /*steps*/) { return v; }
+  template <class V>
+  static MXOPS_VINL V blend_lane(V a, V /*b*/, int /*i*/) { return a; }
+  template <class V>
+  static MXOPS_VINL V broadcast_lane(V v, int /*i*/) { return v; }
   template <class IO, bool Exact = false>
   static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
   template <class IO>
@@ -209,6 +221,9 @@ struct Walker {
   T* y;
   int64_t length, inner, bs, sub;
   Pol pol;
+  // Geometry::lanes: > 1 for the NCHWc view, where bs counts rows of `lanes` columns (a
+  // block is bs rows x lanes aligned columns) and sub still counts channels.
+  int64_t lanes = 1;
 
   // bfloat16 rounding first can turn a NaN into Inf, so float16 NaNs are widened exactly there.
   static MXOPS_VINL F load(const T* p) {
@@ -229,7 +244,7 @@ struct Walker {
   // The walker of the same op one element per lane, for the tails of a vector walk.
   auto scalar() const {
     return Walker<ScalarLanes, IO, Bf16First, decltype(pol.scalar())>{x, y, length, inner, bs, sub,
-                                                                      pol.scalar()};
+                                                                      pol.scalar(), lanes};
   }
 
   // One block of `n` elements `stride` apart from `base`, a lane per element (W == 1).
@@ -423,6 +438,185 @@ struct Walker {
       if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
   }
 
+  // ---------------------------------------------------------------------------------------
+  // The NCHWc view (lanes > 1): a block is `n` rows x `lanes` aligned columns. The maxima run
+  // down the rows per column, then over each aligned group of `lanes` columns; sub-blocks of
+  // to_bfp_prime are `sub` adjacent columns of one row (sub <= lanes) or sub / lanes rows of
+  // whole groups (sub a multiple of lanes).
+  // ---------------------------------------------------------------------------------------
+
+  // k[0..nv): the maximum over each aligned group of `group` columns (a power of two), in
+  // every column of the group. Groups of up to W columns lie in one vector; a longer group
+  // is group / W whole vectors (nv and the tile's start are multiples of it).
+  static MXOPS_VINL void column_groups_max(K* k, int64_t nv, int64_t group) {
+    if (group <= W) {
+      const int steps = log2_exact(group);
+      for (int64_t v = 0; v < nv; ++v) k[v] = L::group_max(k[v], steps);
+      return;
+    }
+    const int64_t per = group / W;
+    const int all_steps = log2_exact(W);
+    for (int64_t v0 = 0; v0 < nv; v0 += per) {
+      K m = k[v0];
+      for (int64_t i = 1; i < per; ++i) m = imax(m, k[v0 + i]);
+      m = L::group_max(m, all_steps);
+      for (int64_t i = 0; i < per; ++i) k[v0 + i] = m;
+    }
+  }
+
+  // k[0..nv) = maximum key over rows [0, n) from p, per column.
+  static MXOPS_VINL void column_max(const Pol& pol, const T* p, int64_t n, int64_t inner,
+                                    int64_t nv, K* k) {
+    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(p + v * W));
+    for (int64_t j = 1; j < n; ++j) {
+      const T* row = p + j * inner;
+      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
+    }
+  }
+
+  // Lane i of every 32-bit lane vector of a parameter struct (numerics.h's parameter structs
+  // hold only such vectors), in every lane.
+  template <class P>
+  static MXOPS_VINL P broadcast_lane(const P& p, int i) {
+    static_assert(std::is_trivially_copyable_v<P> && sizeof(P) % sizeof(K) == 0,
+                  "parameters must be lane vectors");
+    K v[sizeof(P) / sizeof(K)];
+    std::memcpy(v, &p, sizeof(P));
+    for (auto& e : v) e = L::broadcast_lane(e, i);
+    P out;
+    std::memcpy(&out, v, sizeof(P));
+    return out;
+  }
+
+  // lanes == W (every row vector is one pixel's W channels of a channel group) and no
+  // sub-blocks: the parameters of up to W pixels at once, pixel i in lane i of one vector,
+  // each then broadcast to its pixel's vectors. k[v]: pixel v's block maximum in every lane.
+  MXOPS_VINL void pixel_params_tile(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                                    int64_t nv, const K* k) const {
+    for (int64_t v0 = 0; v0 < nv; v0 += W) {
+      const int cnt = static_cast<int>(min64(W, nv - v0));
+      K kk = k[v0];  // lanes past cnt keep pixel v0's maximum
+      for (int i = 1; i < cnt; ++i) kk = L::blend_lane(kk, k[v0 + i], i);
+      const I s = pol.exponent(kk);
+      auto rows = [&](auto fast_tag) {
+        constexpr bool kFast = decltype(fast_tag)::value;
+        const auto prm = [&] {
+          if constexpr (kFast) return pol.fast_params(s, s);
+          else return pol.params(s, s);
+        }();
+        for (int i = 0; i < cnt; ++i) {
+          const auto pi = broadcast_lane(prm, i);
+          const T* col = px + (v0 + i) * W;
+          T* out = py + (v0 + i) * W;
+          for (int64_t j = 0; j < n; ++j) {
+            const F xv = load(col + j * inner);
+            if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pi));
+            else store(out + j * inner, pol.apply(xv, pi));
+          }
+        }
+      };
+      if (pol.fast(s)) rows(std::true_type{});
+      else rows(std::false_type{});
+    }
+  }
+
+  // The sub-blocks of lanes_tile's tile with block maxima s[v], `sub_rows` rows x `sub_cols`
+  // columns each; Fast / Normal as in tile_sub_blocks.
+  template <bool Fast, bool Normal>
+  MXOPS_VINL void lanes_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                                   int64_t nv, const I* s, int64_t sub_rows,
+                                   int64_t sub_cols) const {
+    auto one = [&](F xv, I sv, I sm, T* q) {
+      if constexpr (Fast) {
+        const auto prm = pol.fast_params(sv, sm);
+        if constexpr (Normal) store(q, pol.apply_normal(xv, prm));
+        else store(q, pol.apply_fast(xv, prm));
+      } else {
+        store(q, pol.apply(xv, pol.params(sv, sm)));
+      }
+    };
+    if (sub_rows == 1 && sub_cols <= W) {
+      // Sub-blocks inside one vector: one pass, each vector read once.
+      const int steps = log2_exact(sub_cols);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* const row = px + j * inner;
+        T* const out = py + j * inner;
+        for (int64_t v = 0; v < nv; ++v) {
+          const F xv = load(row + v * W);
+          one(xv, s[v], pol.exponent(L::group_max(pol.key(xv), steps)), out + v * W);
+        }
+      }
+      return;
+    }
+    K km[kTileVectors];
+    for (int64_t a = 0; a < n; a += sub_rows) {
+      const int64_t len = min64(sub_rows, n - a);
+      const T* const row = px + a * inner;
+      T* const out = py + a * inner;
+      column_max(pol, row, len, inner, nv, km);
+      column_groups_max(km, nv, sub_cols);
+      for (int64_t v = 0; v < nv; ++v) {
+        const I sm = pol.exponent(km[v]);
+        for (int64_t j = 0; j < len; ++j)
+          one(load(row + j * inner + v * W), s[v], sm, out + j * inner + v * W);
+      }
+    }
+  }
+
+  // The block of `n` rows from `base` (a multiple of `lanes` columns into its row) over `cols`
+  // columns (a multiple of lanes), W columns per vector; the columns left over (W > lanes)
+  // by the scalar walker.
+  void lanes_tile(int64_t base, int64_t n, int64_t cols) const {
+    const Pol pol = this->pol;
+    const T* const px = x + base;
+    T* const py = y + base;
+    const int64_t inner = this->inner, lanes = this->lanes;
+    // whole vectors: whole groups of lanes columns (lanes <= W: W / lanes groups each; else
+    // lanes / W vectors per group, cols a multiple of lanes)
+    const int64_t nv = cols / W;
+    K k[kTileVectors];
+    I s[kTileVectors] = {};
+    column_max(pol, px, n, inner, nv, k);
+    column_groups_max(k, nv, lanes);
+    if constexpr (Pol::kSubBlocks) {
+      for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
+      const int64_t sub = this->sub;
+      const int64_t sub_rows = sub > lanes ? sub / lanes : 1;
+      const int64_t sub_cols = sub > lanes ? lanes : sub;
+      bool fast = true, normal = true;
+      for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
+      for (int64_t v = 0; v < nv; ++v) normal = normal && pol.normal(s[v]);
+      if (fast && normal) lanes_sub_blocks<true, true>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
+      else if (fast) lanes_sub_blocks<true, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
+      else lanes_sub_blocks<false, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
+    } else if (W > 1 && lanes == W) {
+      pixel_params_tile(pol, px, py, n, inner, nv, k);
+    } else {
+      for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
+      bool fast = true;
+      for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
+      if (fast) {
+        typename Pol::Fast prm[kTileVectors];
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
+        for (int64_t j = 0; j < n; ++j) {
+          const T* row = px + j * inner;
+          T* out = py + j * inner;
+          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply_fast(load(row + v * W), prm[v]));
+        }
+      } else {
+        Params prm[kTileVectors];
+        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
+        for (int64_t j = 0; j < n; ++j) {
+          const T* row = px + j * inner;
+          T* out = py + j * inner;
+          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
+        }
+      }
+    }
+    if constexpr (W > 1)
+      if (nv * W < cols) scalar().lanes_tile(base + nv * W, n, cols - nv * W);
+  }
+
   // Work units [u0, u1) of plan_units(); outer rows are `length * inner` elements apart.
   void run(const UnitPlan& plan, int64_t u0, int64_t u1) const {
     if (inner == 1) {
@@ -443,8 +637,15 @@ struct Walker {
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t tile = u % tiles, blk = (u / tiles) % blocks, o = u / (tiles * blocks);
       const int64_t j0 = blk * bs, col0 = tile * kTileColumns;
-      strided_tile((o * length + j0) * inner + col0, min64(bs, length - j0),
-                   min64(kTileColumns, inner - col0));
+      const int64_t base = (o * length + j0) * inner + col0;
+      const int64_t n = min64(bs, length - j0), cols = min64(kTileColumns, inner - col0);
+      if constexpr (!Stream) {  // (stream_supported excludes the NCHWc view)
+        if (lanes > 1) {
+          lanes_tile(base, n, cols);
+          continue;
+        }
+      }
+      strided_tile(base, n, cols);
     }
   }
 };
@@ -454,7 +655,7 @@ struct Walker {
 // vector's size, rows a whole number of vectors apart).
 template <int W>
 MXOPS_VINL bool stream_supported(DType t, const void* y, const Geometry& g) {
-  return W > 1 && t == DType::kFloat32 && g.inner > 1 && g.inner % W == 0 &&
+  return W > 1 && t == DType::kFloat32 && g.inner > 1 && g.lanes == 1 && g.inner % W == 0 &&
          g.num_elements * int64_t(sizeof(float)) >= kStreamBytes &&
          reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0;
 }
@@ -462,6 +663,7 @@ MXOPS_VINL bool stream_supported(DType t, const void* y, const Geometry& g) {
 // Whether the walker with W lanes handles this op and geometry (else the scalar one does).
 template <int W>
 MXOPS_VINL bool vector_walk_supported(const QdqParams& p, const Geometry& g) {
+  if (g.lanes > 1) return true;  // lanes_tile: any lanes the attributes allow
   if (g.inner > 1) return g.inner >= W;
   if (!power_of_two(p.block_size) || p.block_size > kChunk) return false;
   return p.method != Method::kToBfpPrime || (power_of_two(p.sub_block_size) && p.sub_block_size <= W);
@@ -478,8 +680,8 @@ void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geom
     using T = typename IO::T;
     auto go = [&](auto bf16_first, auto stream_tag) {
       fn(Walker<L, IO, decltype(bf16_first)::value, decltype(pol), decltype(stream_tag)::value>{
-          static_cast<const T*>(x), static_cast<T*>(y), g.length, g.inner, p.block_size,
-          p.method == Method::kToBfpPrime ? p.sub_block_size : p.block_size, pol});
+          static_cast<const T*>(x), static_cast<T*>(y), g.length, g.inner, walk_block_size(p, g),
+          p.method == Method::kToBfpPrime ? p.sub_block_size : p.block_size, pol, g.lanes});
     };
     auto go_stream = [&](auto bf16_first) {
       if constexpr (L::W > 1 && std::is_same_v<IO, Float32>) {

@@ -133,7 +133,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   if (isa == Isa::kAvx512 && !simd16::supports(p, g)) isa = Isa::kScalar;
   if (isa == Isa::kAvx2 && !simd8::supports(p, g)) isa = Isa::kScalar;
 #endif
-  const UnitPlan plan = plan_units(g, p.block_size);
+  const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
   run(tasks, [&](int64_t task) {

@@ -80,6 +80,16 @@ struct VecLanes {
     return v;
   }
 
+  // a with lane i taken from b; lane i of v in every lane (32-bit lane vectors).
+  template <class V>
+  static MXOPS_VINL V blend_lane(V a, V b, int i) {
+    return iota() == i ? b : a;
+  }
+  template <class V>
+  static MXOPS_VINL V broadcast_lane(V v, int i) {
+    return __builtin_shuffle(v, I{} + i);
+  }
+
   template <class IO, bool Exact = false>
   static MXOPS_VINL F load(const typename IO::T* p) {
     if constexpr (std::is_same_v<IO, Float32>) {
@@ -133,7 +143,7 @@ bool supports(const QdqParams& p, const Geometry& g) { return vector_walk_suppor
 
 void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                int64_t u0, int64_t u1) {
-  const UnitPlan plan = plan_units(g, p.block_size);
+  const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const bool stream = stream_supported<W>(t, y, g);
   with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, stream);
   // Non-temporal stores are weakly ordered: make them visible before the task reports done.

@@ -63,6 +63,12 @@ const char* execution_provider() { return MXOPS_GPU_EXECUTION_PROVIDER; }
 
 std::string launch_quantize_dequantize(const QdqParams& params, DType t, const void* x, void* y,
                                        const Geometry& geometry, void* stream) {
+  // onnxruntime's NCHWc layout exists on its CPU provider only; these kernels read the plain
+  // layout, so a blocked input would give wrong numbers.
+  if (params.nchwc_block != 0 || geometry.lanes != 1)
+    return "attribute 'nchwc_block' = " + std::to_string(params.nchwc_block) +
+           " is for the CPU kernels only (onnxruntime's NCHWc layout); allowed on " +
+           execution_provider() + ": 0";
   if (geometry.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
   if (geometry.identity) {

@@ -18,6 +18,7 @@ cpu::TaskRunner ort_thread_pool(OrtKernelContext* context);
 struct CpuBackend {
   static const char* provider() { return "CPUExecutionProvider"; }
   static constexpr bool kDecodeOnce = true;  // packed_ops.h
+  static constexpr bool kNchwc = true;       // BFP / MX nodes with nchwc_block (block_walker.h)
 
   // context nullptr (at kernel creation): on the calling thread.
   static void packed_dequantize(OrtKernelContext* context, const std::string& label,

@@ -3,6 +3,7 @@
 // asks which provider it runs on. A Backend is a struct with
 //
 //   static const char* provider();                  // ORT's execution provider name
+//   static constexpr bool kNchwc;                   // reads the nchwc_block layout
 //   static void quantize_dequantize(OrtKernelContext*, const std::string& label,
 //                                   const QdqParams&, DType, const void* x, void* y,
 //                                   const Geometry&);
@@ -74,7 +75,7 @@ struct BlockKernel {
       const auto info = input.GetTensorTypeAndShapeInfo();
       const DType t = dtype_of(info.GetElementType(), label);
       const std::vector<int64_t> shape = info.GetShape();
-      const Geometry g = make_geometry(label, shape, params.axis);
+      const Geometry g = make_block_geometry(label, shape, params);
       Ort::UnownedValue output = ctx.GetOutput(0, shape);
       if (g.num_elements == 0) return;
       Backend::quantize_dequantize(context, label, params, t, input.GetTensorRawData(),
@@ -92,6 +93,12 @@ struct BlockOp : Ort::CustomOpBase<BlockOp<Backend>, BlockKernel<Backend>, true>
     return guarded(label, [&] {
       label = node_label(info, spec_.name);
       const QdqParams params = parse_block_attributes(spec_.kind, label, node_attributes(info));
+      if (params.nchwc_block != 0 && !Backend::kNchwc)
+        throw InvalidArgument{label + ": attribute 'nchwc_block' = " +
+                              std::to_string(params.nchwc_block) +
+                              " is supported on CPUExecutionProvider only (onnxruntime's NCHWc "
+                              "layout exists only there); allowed on " + Backend::provider() +
+                              ": 0"};
       *kernel = new BlockKernel<Backend>{label, params};
     });
   }

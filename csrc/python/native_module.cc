@@ -93,7 +93,7 @@ py::array quantize_dequantize(const std::string& op, py::array x, const py::dict
     const DType t = parse_dtype(x, dtype);
     x = py::array::ensure(x, py::array::c_style);
     std::vector<int64_t> shape(x.shape(), x.shape() + x.ndim());
-    const Geometry g = make_geometry(op_name, shape, params.axis);
+    const Geometry g = make_block_geometry(op_name, shape, params);
     py::array y(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
     const void* in = x.data();
     void* out = y.mutable_data();

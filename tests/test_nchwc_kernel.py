@@ -1,0 +1,235 @@
+"""The BFP / MX kernels on a tensor stored in onnxruntime's NCHWc layout (attribute
+``nchwc_block``, docs/formats.md "NCHWc layout"): bit for bit against the numpy reference
+(which rebuilds the logical tensor, applies the op along axis 1 and stores it back), on every
+CPU path, for every built-in BFP / MX configuration and the variants the walker treats
+differently; through onnxruntime; and the errors for attribute values and inputs it cannot
+take."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import assert_bits_equal, make_session, one_node_model, run_one_node, run_session
+from ort_mx_ops import formats, native, reference
+from test_cpu_simd import _inputs, cpu_path
+
+ISAS = ["scalar", "avx2", "avx512"]
+CONFIGS = [name for name, spec in formats.CONFIGS.items() if spec.op != "BF16"]
+CHANNELS = [16, 24, 40, 64]
+# (N, spatial...): a column tile with a tail, several tiles (9 * 40 * L columns), rank 3 and 5
+SPATIAL = [(1, 5, 7), (2, 3, 11), (1, 9, 40), (2, 13), (1, 2, 3, 5)]
+
+
+def _fns(op: str):
+    if op == "BFP":
+        return native.bfp_quantize_dequantize, reference.bfp_quantize_dequantize
+    return native.mx_quantize_dequantize, reference.mx_quantize_dequantize
+
+
+def _adversarial(shape, dtype, rng):
+    """test_cpu_simd's random bit patterns (NaN, Inf, subnormals, +-0, ties), and whole
+    pixels (every channel of one spatial position: the NCHWc blocks) at extreme exponents:
+    near float max (exponent field 254), the smallest normals, subnormals only, ties only."""
+    x = _inputs(shape, dtype, rng)
+    if dtype != "float32" or len(shape) < 3:
+        return x
+    x = x.copy()
+    n, c = shape[:2]
+    pixels = x.reshape(n, c, -1)
+    big = (np.float32(2.0) ** 127 * (1 + rng.random(c))).astype(np.float32)
+    fills = [big * np.where(rng.random(c) < 0.5, -1, 1).astype(np.float32),
+             (rng.standard_normal(c) * 2.0 ** -125).astype(np.float32),
+             (rng.standard_normal(c) * 2.0 ** -140).astype(np.float32),
+             ((rng.integers(-40, 40, c) + 0.5) * 2.0 ** -3).astype(np.float32)]
+    for k, fill in enumerate(fills):
+        if pixels.shape[2] > k:
+            pixels[rng.integers(0, n), :, k] = fill
+    return x
+
+
+def _check(op, attrs, x, dtype, isa, context):
+    nat, ref = _fns(op)
+    bf = "bfloat16" if dtype == "bfloat16" else None
+    want = ref(x, dtype=bf, **attrs)
+    with cpu_path(isa):
+        got = nat(x, dtype=bf, threads=2, **attrs)
+    assert_bits_equal(got, want, context)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_configs_match_reference(config, lanes, dtype, isa):
+    spec = formats.CONFIGS[config]
+    rng = np.random.default_rng(zlib.crc32(f"{config} {lanes} {dtype}".encode()))
+    for c in CHANNELS:
+        if c % lanes:
+            continue
+        for n, *spatial in SPATIAL:
+            shape = (n, c, *spatial)
+            x = _adversarial(shape, dtype, rng)
+            attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
+            _check(spec.op, attrs, x, dtype, isa, f"{config} L={lanes} {dtype} {shape} {isa}")
+
+
+# What the walker treats differently: rounding modes, to_bfp's wide mantissa, bfloat16
+# rounding first, sub-blocks that span rows (sub_block_size > lanes), sub-blocks of one
+# element, block sizes that are not powers of two, a block that divides the NCHWc block
+# (the flat view), lanes narrower and wider than a vector.
+VARIANTS = [
+    ("BFP", dict(bfp_method="to_bfp", bit_width=32, block_size=16, rounding_mode=0), [8, 16]),
+    ("BFP", dict(bfp_method="to_bfp", bit_width=12, block_size=24, rounding_mode=1,
+                 convert_to_bfloat_before_bfp=1), [8]),
+    ("BFP", dict(bfp_method="to_bfp", bit_width=16, block_size=4, rounding_mode=2), [4, 8, 16]),
+    ("BFP", dict(bfp_method="to_bfp_prime", bit_width=13, block_size=16, rounding_mode=0), [2, 4, 8]),
+    ("BFP", dict(bfp_method="to_bfp_prime", bit_width=11, block_size=32, sub_block_size=16,
+                 sub_block_shift_bits=2, rounding_mode=1, convert_to_bfloat_before_bfp=1), [8, 16]),
+    ("BFP", dict(bfp_method="to_bfp_prime", bit_width=14, block_size=32, sub_block_size=4,
+                 rounding_mode=2), [2, 8, 32]),
+    ("BFP", dict(bfp_method="to_bfp_prime", bit_width=16, block_size=16, sub_block_size=1,
+                 sub_block_shift_bits=3), [8]),
+    ("MX", dict(element_dtype="int8", block_size=16, rounding_mode=0), [8, 16]),
+    ("MX", dict(element_dtype="int8", block_size=32, rounding_mode=1), [8, 32]),
+    ("MX", dict(element_dtype="fp8_e5m2", block_size=64), [8, 16, 64]),
+    ("MX", dict(element_dtype="fp6_e2m3", block_size=48), [8, 16]),
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(VARIANTS)))
+def test_variants_match_reference(case, dtype, isa):
+    op, attrs, lane_list = VARIANTS[case]
+    rng = np.random.default_rng(100 + case)
+    for lanes in lane_list:
+        for c in (lanes, 3 * lanes, 64):
+            if c % lanes:
+                continue
+            for n, *spatial in SPATIAL[:3]:
+                shape = (n, c, *spatial)
+                x = _adversarial(shape, dtype, rng)
+                _check(op, dict(attrs, axis=1, nchwc_block=lanes), x, dtype, isa,
+                       f"{attrs} L={lanes} {dtype} {shape} {isa}")
+
+
+def test_layout_is_the_blocked_memory_order():
+    """nchwc_block = L reads [N, C/L, H, W, L]: the same numbers as the plain op on the
+    logical tensor, stored back in the blocked order (and different from the plain op on
+    the same buffer)."""
+    rng = np.random.default_rng(3)
+    n, c, h, w, lanes = 2, 40, 3, 5, 8
+    logical = (rng.standard_normal((n, c, h, w)) * 2.0 ** rng.integers(-8, 8, (n, c, h, w))
+               ).astype(np.float32)
+    blocked = np.ascontiguousarray(
+        logical.reshape(n, c // lanes, lanes, h, w).transpose(0, 1, 3, 4, 2)).reshape(n, c, h, w)
+    attrs = dict(formats.CONFIGS["MX9"].attrs, axis=1)
+    plain = native.bfp_quantize_dequantize(logical, **attrs)
+    got = native.bfp_quantize_dequantize(blocked, nchwc_block=lanes, **attrs)
+    unblocked = got.reshape(n, c // lanes, h, w, lanes).transpose(0, 1, 4, 2, 3).reshape(n, c, h, w)
+    assert_bits_equal(unblocked, plain, "blocked result, reordered")
+    assert not np.array_equal(native.bfp_quantize_dequantize(blocked, **attrs), got)
+
+
+@pytest.mark.parametrize("config", ["MX9", "MXFP8E4M3", "MXINT8", "BFP16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_through_onnxruntime(config, dtype):
+    spec = formats.CONFIGS[config]
+    op, domain = formats.block_op(spec.op)
+    rng = np.random.default_rng(11)
+    for lanes in (8, 16):
+        attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
+        sess = make_session(one_node_model(op, domain, attrs, dtype), threads=2)
+        for c in (16, 48):
+            x = _adversarial((1, c, 6, 9), dtype, rng)
+            want = _fns(spec.op)[1](x, dtype="bfloat16" if dtype == "bfloat16" else None, **attrs)
+            assert_bits_equal(run_session(sess, x, dtype), want, f"{config} L={lanes} C={c}")
+    legacy = formats.block_op(spec.op, legacy=True)
+    x = _adversarial((1, 32, 4, 4), dtype, rng)
+    attrs = dict(spec.attrs, axis=-3, nchwc_block=8)  # axis 1 counted from the end
+    want = _fns(spec.op)[1](x, dtype="bfloat16" if dtype == "bfloat16" else None, **attrs)
+    assert_bits_equal(run_one_node(*legacy, attrs, x, dtype), want, f"{config} legacy")
+
+
+def test_empty_and_rank_two_inputs():
+    for shape in [(0, 16, 3, 3), (2, 0, 3), (1, 16, 0, 4)]:
+        x = np.zeros(shape, np.float32)
+        for fn in _fns("MX"):
+            assert fn(x, nchwc_block=8).shape == shape
+    x = _adversarial((3, 48), "float32", np.random.default_rng(5))
+    _check("MX", dict(block_size=32, nchwc_block=16), x, "float32", "avx2" if
+           native.cpu_isa() != "scalar" else "scalar", "rank 2")
+
+
+BAD = [
+    # (attributes, input shape, words the error names)
+    (dict(nchwc_block=3), (1, 48, 2, 2), ["nchwc_block", "power of two"]),
+    (dict(nchwc_block=12, block_size=24), (1, 48, 2, 2), ["nchwc_block", "power of two"]),
+    (dict(nchwc_block=256), (1, 256, 2, 2), ["nchwc_block", "128"]),
+    (dict(nchwc_block=-1), (1, 16, 2, 2), ["nchwc_block"]),
+    (dict(nchwc_block=8, block_size=12), (1, 48, 2, 2), ["nchwc_block", "block_size"]),
+    (dict(nchwc_block=8, axis=2), (1, 16, 8, 2), ["axis"]),
+    (dict(nchwc_block=8, axis=0), (16, 16, 2, 2), ["axis"]),
+    (dict(nchwc_block=8), (1, 20, 2, 2), ["nchwc_block", "20"]),
+    (dict(nchwc_block=8), (64,), ["nchwc_block", "rank"]),
+    (dict(nchwc_block=8, bfp_method="to_bfp_prime", block_size=24, sub_block_size=3),
+     (1, 48, 2, 2), ["sub_block_size"]),
+    (dict(nchwc_block=8, bfp_method="to_bfp_prime", block_size=24, sub_block_size=12),
+     (1, 48, 2, 2), ["sub_block_size"]),
+]
+
+
+@pytest.mark.parametrize("attrs,shape,words", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_values_are_errors(attrs, shape, words):
+    x = np.ones(shape, np.float32)
+    before = x.copy()
+    for fn in _fns("BFP"):
+        with pytest.raises(ValueError) as info:
+            fn(x, **attrs)
+        for w in words:
+            assert w in str(info.value), (fn, str(info.value))
+    # onnxruntime: at session creation for the attributes alone, else at run time
+    model = one_node_model("BFPQuantizeDequantize", "com.amd.quark", attrs)
+    with pytest.raises(Exception) as info:
+        run_session(make_session(model), x, "float32")
+    assert "BFPQuantizeDequantize" in str(info.value) and words[0] in str(info.value)
+    assert np.array_equal(x, before)
+
+
+def test_a_block_straddling_two_nchwc_blocks_needs_whole_ones():
+    """block_size 8 and nchwc_block 16 is the flat view (blocks inside one NCHWc block);
+    block_size 16 and nchwc_block 8 spans two: both allowed. 24 and 16 is neither."""
+    x = _adversarial((1, 48, 3, 3), "float32", np.random.default_rng(2))
+    for bs, lanes in [(8, 16), (16, 8)]:
+        _check("MX", dict(block_size=bs, nchwc_block=lanes), x, "float32", "scalar", str(bs))
+    for fn in _fns("MX"):
+        with pytest.raises(ValueError, match="nchwc_block"):
+            fn(x, block_size=24, nchwc_block=16)
+
+
+def test_packed_weights_take_no_nchwc_block():
+    from ort_mx_ops.model_check import model_problems
+    node = helper.make_node("MXDequantize", ["p", "s"], ["y"], domain=formats.PRODUCT_DOMAIN,
+                            shape=[4, 32], element_dtype="int8", nchwc_block=8)
+    graph = helper.make_graph([node], "g", [
+        helper.make_tensor_value_info("p", TensorProto.UINT8, [128]),
+        helper.make_tensor_value_info("s", TensorProto.UINT8, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(formats.PRODUCT_DOMAIN, 1)])
+    _, problems = model_problems(model)
+    assert len(problems) == 1 and "nchwc_block" in problems[0], problems
+    import onnxruntime as ort
+    import ort_mx_ops
+    with pytest.raises(Exception, match="nchwc_block"):
+        ort.InferenceSession(model.SerializeToString(), ort_mx_ops.register(ort.SessionOptions()),
+                             providers=["CPUExecutionProvider"])
+
+
+def test_format_specs_take_no_nchwc_block():
+    with pytest.raises(ValueError, match="nchwc_block"):
+        formats.FormatSpec("MX", {"element_dtype": "int8", "nchwc_block": 8})
+    assert "nchwc_block" not in formats.CONFIGS["MX9"].node_attrs(1)
