@@ -522,6 +522,121 @@ MXOPS_HD F mx_float_element_direct(F x, const MxDirect<F>& p, const MxElement& f
 }
 
 // ------------------------------------------------------------------------------------------
+// Rounding in place: the forms above that divide by a power of two, round and multiply back,
+// as one rounding of x itself to a multiple of the element's quantum (the CPU walkers' fast
+// forms; the same bits where the *_block() conditions below hold).
+// ------------------------------------------------------------------------------------------
+
+// An integer element: the op computes v = x * 2^-kd (one factor, 2^-kd a normal float),
+// rounds v * 2^f to an integer with half to even (round_half<kHalfEven, true>), clamps it to
+// [lo_q, hi_q] and multiplies back by 2^(kd - f), the quantum. Where
+// direct_round_block(kd, f) holds (f - 126 <= kd <= 23), that is:
+//  - for |x| > 2^(kd - 150): (x + c) - c with c = 1.5 * 2^23 quanta, a normal float, rounds x
+//    to a multiple of the quantum with half to even (|x| < 2^22 quanta, the sum lies in
+//    [2^23, 2^24) quanta where the spacing is one quantum), the same value as the op's, and +0
+//    where that is zero as the op's +0 (a nonzero v rounds to +0). v itself may be an inexact
+//    subnormal only where |x / quantum| < 2^-126, which rounds to +0 either way;
+//  - for |x| <= 2^(kd - 150) (±0 included): x * 2^-kd is ±0, which the op keeps through the
+//    rounding and the scaling: the sign of x on a zero. For kd <= 23 the bound is 0 (kd <= 0)
+//    or the float32 subnormal 2^(kd - 150), bits 1 << (kd - 1);
+//  - clamping the rounded x to [lo_q, hi_q] quanta is clamping the integer, scaled exactly.
+// Inf and NaN pass through unchanged, as in the op.
+template <class F>
+struct DirectRound {
+  F c;             // 1.5 * 2^23 * quantum
+  F hi, lo;        // hi_q and lo_q quanta
+  LaneI<F> tiny;   // 2^(kd - 150) as bits for kd >= 1, else 0
+};
+
+template <class I>
+MXOPS_HD LaneMask<I> direct_round_block(I kd, int f) { return (kd >= f - 126) & (kd <= 23); }
+
+template <class I>
+MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, float lo_q) {
+  DirectRound<LaneF<I>> p;
+  const LaneF<I> quantum = pow2_normal(kd - f);  // kd - f >= -126
+  p.c = u2f(f2u(quantum) + ((23u << 23) | 0x00400000u));
+  p.hi = quantum * hi_q;
+  p.lo = quantum * lo_q;
+  // 2^(kd - 150) = quantum * 2^(f - 75) * 2^-75: exact powers of two while >= 2^-149; the
+  // first product is normal where the result is nonzero (kd >= 1), and where it is below
+  // 2^-149 (a tie at 2^-150 included) both round to 0, as 2^(kd - 150) does for kd <= 0.
+  const float two_m75 = 2.6469779601696886e-23f;  // 2^-75
+  p.tiny = as_int(f2u((quantum * (two_m75 * static_cast<float>(1 << f))) * two_m75));
+  return p;
+}
+
+template <class F>
+MXOPS_HD F direct_round_element(F x, const DirectRound<F>& p) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const LaneI<F> a = as_int(u & 0x7fffffffu);
+  F r = (x + p.c) - p.c;
+  r = select(r > p.hi, p.hi, r);
+  r = select(r < p.lo, p.lo, r);
+  // a zero of x * 2^-kd keeps the sign of x (r is +0 there)
+  const U zero_sign = select(a > p.tiny, splat<U>(0u), u & 0x80000000u);
+  const F y = u2f(f2u(r) | zero_sign);
+  return select(a > 0x7f7fffff, x, y);  // Inf / NaN pass through
+}
+
+// to_bfp's fast form (Small, kHalfEven): kd = bfp_scale_exponent(s, m), f = 0, the clamp at
+// ±(2^m - 1).
+template <class I>
+MXOPS_HD LaneMask<I> bfp_direct_block(I s, int m) { return direct_round_block(bfp_scale_exponent(s, m), 0); }
+
+template <class I>
+MXOPS_HD DirectRound<LaneF<I>> bfp_direct_params(I s, int m) {
+  const float top = static_cast<float>((1u << m) - 1u);
+  return direct_round_params(bfp_scale_exponent(s, m), 0, top, -top);
+}
+
+// The int8 MX element's (kHalfEven): v = x / X with X = 2^kd, kd = mx_scale_exponent(s, 0),
+// rounded at 2^-6 (f = 6), clamped to [-128, 127].
+template <class I>
+MXOPS_HD LaneMask<I> mx_int_direct_block(I s, const MxElement& f) {
+  return direct_round_block(mx_scale_exponent(s, f.emax), 6);
+}
+
+template <class I>
+MXOPS_HD DirectRound<LaneF<I>> mx_int_direct_params(I s, const MxElement& f) {
+  return direct_round_params(mx_scale_exponent(s, f.emax), 6, 127.0f, -128.0f);
+}
+
+// mx_float_element_direct with the sign in the rounding constant: with c of the sign of x,
+// (x + c) - c is ±((|x| + |c|) - |c|) (nearest-even rounding is symmetric), and +0 where that
+// is zero (x - x is +0), as mx_float_element_direct gives; the clamp is at ±max_v.
+template <class F>
+struct MxDirectSigned {
+  LaneU<F> lo;  // lo << 23, as MxDirect
+  F max_v;      // X * max_normal
+  F min_v;      // -max_v
+};
+
+template <class I>
+MXOPS_HD MxDirectSigned<LaneF<I>> mx_direct_signed_params(I s, const MxElement& f) {
+  const MxDirect<LaneF<I>> d = mx_direct_params(s, f);
+  MxDirectSigned<LaneF<I>> p;
+  p.lo = d.lo;
+  p.max_v = d.max_v;
+  p.min_v = -d.max_v;
+  return p;
+}
+
+template <class F>
+MXOPS_HD F mx_float_element_direct_signed(F x, const MxDirectSigned<F>& p, const MxElement& f) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const U e = u & 0x7f800000u;
+  const U c_bits = (imax(e, p.lo) + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23)) | (u & 0x80000000u);
+  const F c = u2f(c_bits);
+  F r = (x + c) - c;
+  r = select(r > p.max_v, p.max_v, r);
+  r = select(r < p.min_v, p.min_v, r);
+  return select(e == 0x7f800000u, x, r);  // Inf / NaN pass through
+}
+
+// ------------------------------------------------------------------------------------------
 // Storage types: widen to float32 exactly, narrow with nearest-even. The *_bits
 // forms take and give the 16-bit pattern in a 32-bit lane.
 // ------------------------------------------------------------------------------------------
