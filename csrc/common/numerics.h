@@ -545,7 +545,7 @@ template <class F>
 struct DirectRound {
   F c;             // 1.5 * 2^23 * quantum
   F hi, lo;        // hi_q and lo_q quanta
-  LaneI<F> tiny;   // 2^(kd - 150) as bits for kd >= 1, else 0
+  LaneI<F> ntiny;  // 0x80000001 + the bits of 2^(kd - 150) (kd >= 1) or of 0 (kd <= 0)
 };
 
 template <class I>
@@ -562,22 +562,25 @@ MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, floa
   // first product is normal where the result is nonzero (kd >= 1), and where it is below
   // 2^-149 (a tie at 2^-150 included) both round to 0, as 2^(kd - 150) does for kd <= 0.
   const float two_m75 = 2.6469779601696886e-23f;  // 2^-75
-  p.tiny = as_int(f2u((quantum * (two_m75 * static_cast<float>(1 << f))) * two_m75));
+  const LaneU<I> tiny = f2u((quantum * (two_m75 * static_cast<float>(1 << f))) * two_m75);
+  p.ntiny = as_int(tiny + 0x80000001u);
   return p;
 }
 
+// Written with no other constant than the params (so that a walk that computes them per
+// block keeps everything in registers): the negative x of x * 2^-kd = -0 are the bit patterns
+// 0x80000000 ... 0x80000000 + tiny, i.e. the signed ones below ntiny, where the sign goes
+// back on r = +0; Inf and NaN are the x with x - x unordered.
 template <class F>
 MXOPS_HD F direct_round_element(F x, const DirectRound<F>& p) {
   using U = LaneU<F>;
-  const U u = f2u(x);
-  const LaneI<F> a = as_int(u & 0x7fffffffu);
   F r = (x + p.c) - p.c;
   r = select(r > p.hi, p.hi, r);
   r = select(r < p.lo, p.lo, r);
-  // a zero of x * 2^-kd keeps the sign of x (r is +0 there)
-  const U zero_sign = select(a > p.tiny, splat<U>(0u), u & 0x80000000u);
-  const F y = u2f(f2u(r) | zero_sign);
-  return select(a > 0x7f7fffff, x, y);  // Inf / NaN pass through
+  const U negative_zero = select(p.ntiny > as_int(f2u(x)), splat<U>(0xffffffffu), splat<U>(0u)) << 31;
+  const F y = u2f(f2u(r) | negative_zero);
+  const F d = x - x;
+  return select(d != d, x, y);  // Inf / NaN pass through
 }
 
 // to_bfp's fast form (Small, kHalfEven): kd = bfp_scale_exponent(s, m), f = 0, the clamp at
