@@ -387,6 +387,19 @@ MXOPS_HD F bfp_prime_element_by_addition(F x, const BfpPrimeParams<F>& p) {
   return u2f(f2u(r) | (u & 0x80000000u));
 }
 
+// The same add and sat from exponents kept in place (e << 23, the bits of x & 0x7f800000):
+// es = s - min(s - sub, 2^d - 1) = max(sub, s - (2^d - 1)), so es << 23 is one subtraction and
+// one maximum of the in-place exponents, and add's bits are (es + 24 - m) << 23.
+template <class I>
+MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_addition_params_in_place(I s_bits, I sub_bits, int shift_bits, int m) {
+  using F = LaneF<I>;
+  BfpPrimeParams<F> p{};
+  const I es_bits = imax(sub_bits, s_bits - (((1 << shift_bits) - 1) << 23));
+  p.add = u2f(as_uint(es_bits + ((24 - m) << 23)));
+  p.sat = p.add * (static_cast<float>((1u << m) - 1u) * 1.1920928955078125e-7f);  // 2^-23
+  return p;
+}
+
 // bfp_prime_element_by_addition without flushing subnormals, the same bits where every
 // sub-block has es >= m + 1, i.e. every block s >= m + 2^shift_bits
 // (bfp_prime_addition_normal_block): then half the quantum, 2^(es - m - 127), is at least
@@ -558,11 +571,11 @@ MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, floa
   p.c = u2f(f2u(quantum) + ((23u << 23) | 0x00400000u));
   p.hi = quantum * hi_q;
   p.lo = quantum * lo_q;
-  // 2^(kd - 150) = quantum * 2^(f - 75) * 2^-75: exact powers of two while >= 2^-149; the
-  // first product is normal where the result is nonzero (kd >= 1), and where it is below
-  // 2^-149 (a tie at 2^-150 included) both round to 0, as 2^(kd - 150) does for kd <= 0.
-  const float two_m75 = 2.6469779601696886e-23f;  // 2^-75
-  const LaneU<I> tiny = f2u((quantum * (two_m75 * static_cast<float>(1 << f))) * two_m75);
+  // 2^(kd - 150) for 1 <= kd <= 23 is the subnormal 1 << (kd - 1), in integers: a float
+  // product with a subnormal or underflowing result costs a microcode assist on some x86
+  // processors, once per block here.
+  using U = LaneU<I>;
+  const U tiny = select(kd > 0, splat<U>(1u) << as_uint(imax(kd, splat<I>(1)) - 1), splat<U>(0u));
   p.ntiny = as_int(tiny + 0x80000001u);
   return p;
 }

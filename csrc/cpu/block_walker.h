@@ -145,12 +145,15 @@ struct PrimeLanes {
   };
   static constexpr bool kSubBlocks = true;
   int m, sub_block_size, shift_bits;
-  MXOPS_VINL K key(F x) const { return exponent_key(f2u(x)); }
-  MXOPS_VINL I exponent(K k) const { return exponent_of_key(k); }
+  // The exponent field in place (e << 23) is both the key and what exponent() gives: the fast
+  // form's sub-block parameters come from it without shifting (bfp_prime_addition_params_in_place).
+  MXOPS_VINL K key(F x) const { return f2u(x) & 0x7f800000u; }
+  MXOPS_VINL I exponent(K k) const { return as_int(k); }
+  static MXOPS_VINL I field(I e) { return e >> 23; }
   using Fast = BfpPrimeParams<F>;
   MXOPS_VINL Params params(I s, I sub) const {
     Params p;
-    p.core = bfp_prime_params(s, sub, shift_bits, m);
+    p.core = bfp_prime_params(field(s), field(sub), shift_bits, m);
     p.by_addition = Mode == kHalfEven && L::all(bfp_prime_addition_exact(p.core));
     return p;
   }
@@ -159,13 +162,13 @@ struct PrimeLanes {
     return bfp_prime_element<Mode>(x, p.core, m);
   }
   // Every sub-block by one addition, its add and sat straight from its exponent.
-  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(s, m)); }
+  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(field(s), m)); }
   MXOPS_VINL Fast fast_params(I s, I sub) const {
-    return bfp_prime_addition_params(bfp_prime_exponent(s, sub, shift_bits), m);
+    return bfp_prime_addition_params_in_place(s, sub, shift_bits, m);
   }
   MXOPS_VINL F apply_fast(F x, const Fast& p) const { return bfp_prime_element_by_addition(x, p); }
   // Within the fast form, blocks whose subnormals round to 0 without the flush.
-  MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(s, m, shift_bits)); }
+  MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(field(s), m, shift_bits)); }
   MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
 };
