@@ -387,6 +387,19 @@ MXOPS_HD F bfp_prime_element_by_addition(F x, const BfpPrimeParams<F>& p) {
   return u2f(f2u(r) | (u & 0x80000000u));
 }
 
+// The same add and sat from exponents kept in place (e << 23, the bits of x & 0x7f800000):
+// es = s - min(s - sub, 2^d - 1) = max(sub, s - (2^d - 1)), so es << 23 is one subtraction and
+// one maximum of the in-place exponents, and add's bits are (es + 24 - m) << 23.
+template <class I>
+MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_addition_params_in_place(I s_bits, I sub_bits, int shift_bits, int m) {
+  using F = LaneF<I>;
+  BfpPrimeParams<F> p{};
+  const I es_bits = imax(sub_bits, s_bits - (((1 << shift_bits) - 1) << 23));
+  p.add = u2f(as_uint(es_bits + ((24 - m) << 23)));
+  p.sat = p.add * (static_cast<float>((1u << m) - 1u) * 1.1920928955078125e-7f);  // 2^-23
+  return p;
+}
+
 // bfp_prime_element_by_addition without flushing subnormals, the same bits where every
 // sub-block has es >= m + 1, i.e. every block s >= m + 2^shift_bits
 // (bfp_prime_addition_normal_block): then half the quantum, 2^(es - m - 127), is at least
@@ -519,6 +532,124 @@ MXOPS_HD F mx_float_element_direct(F x, const MxDirect<F>& p, const MxElement& f
   r = select(r > p.max_v, p.max_v, r);
   const F y = select(r == 0.0f, splat<F>(0.0f), u2f(f2u(r) | (u & 0x80000000u)));
   return select(as_int(a_bits) > 0x7f7fffff, x, y);  // Inf / NaN pass through
+}
+
+// ------------------------------------------------------------------------------------------
+// Rounding in place: the forms above that divide by a power of two, round and multiply back,
+// as one rounding of x itself to a multiple of the element's quantum (the CPU walkers' fast
+// forms; the same bits where the *_block() conditions below hold).
+// ------------------------------------------------------------------------------------------
+
+// An integer element: the op computes v = x * 2^-kd (one factor, 2^-kd a normal float),
+// rounds v * 2^f to an integer with half to even (round_half<kHalfEven, true>), clamps it to
+// [lo_q, hi_q] and multiplies back by 2^(kd - f), the quantum. Where
+// direct_round_block(kd, f) holds (f - 126 <= kd <= 23), that is:
+//  - for |x| > 2^(kd - 150): (x + c) - c with c = 1.5 * 2^23 quanta, a normal float, rounds x
+//    to a multiple of the quantum with half to even (|x| < 2^22 quanta, the sum lies in
+//    [2^23, 2^24) quanta where the spacing is one quantum), the same value as the op's, and +0
+//    where that is zero as the op's +0 (a nonzero v rounds to +0). v itself may be an inexact
+//    subnormal only where |x / quantum| < 2^-126, which rounds to +0 either way;
+//  - for |x| <= 2^(kd - 150) (±0 included): x * 2^-kd is ±0, which the op keeps through the
+//    rounding and the scaling: the sign of x on a zero. For kd <= 23 the bound is 0 (kd <= 0)
+//    or the float32 subnormal 2^(kd - 150), bits 1 << (kd - 1);
+//  - clamping the rounded x to [lo_q, hi_q] quanta is clamping the integer, scaled exactly.
+// Inf and NaN pass through unchanged, as in the op.
+template <class F>
+struct DirectRound {
+  F c;             // 1.5 * 2^23 * quantum
+  F hi, lo;        // hi_q and lo_q quanta
+  LaneI<F> ntiny;  // 0x80000001 + the bits of 2^(kd - 150) (kd >= 1) or of 0 (kd <= 0)
+};
+
+template <class I>
+MXOPS_HD LaneMask<I> direct_round_block(I kd, int f) { return (kd >= f - 126) & (kd <= 23); }
+
+template <class I>
+MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, float lo_q) {
+  DirectRound<LaneF<I>> p;
+  const LaneF<I> quantum = pow2_normal(kd - f);  // kd - f >= -126
+  p.c = u2f(f2u(quantum) + ((23u << 23) | 0x00400000u));
+  p.hi = quantum * hi_q;
+  p.lo = quantum * lo_q;
+  // 2^(kd - 150) for 1 <= kd <= 23 is the subnormal 1 << (kd - 1), in integers: a float
+  // product with a subnormal or underflowing result costs a microcode assist on some x86
+  // processors, once per block here.
+  using U = LaneU<I>;
+  const U tiny = select(kd > 0, splat<U>(1u) << as_uint(imax(kd, splat<I>(1)) - 1), splat<U>(0u));
+  p.ntiny = as_int(tiny + 0x80000001u);
+  return p;
+}
+
+// Written with no other constant than the params (so that a walk that computes them per
+// block keeps everything in registers): the negative x of x * 2^-kd = -0 are the bit patterns
+// 0x80000000 ... 0x80000000 + tiny, i.e. the signed ones below ntiny, where the sign goes
+// back on r = +0; Inf and NaN are the x with x - x unordered.
+template <class F>
+MXOPS_HD F direct_round_element(F x, const DirectRound<F>& p) {
+  using U = LaneU<F>;
+  F r = (x + p.c) - p.c;
+  r = select(r > p.hi, p.hi, r);
+  r = select(r < p.lo, p.lo, r);
+  const U negative_zero = select(p.ntiny > as_int(f2u(x)), splat<U>(0xffffffffu), splat<U>(0u)) << 31;
+  const F y = u2f(f2u(r) | negative_zero);
+  const F d = x - x;
+  return select(d != d, x, y);  // Inf / NaN pass through
+}
+
+// to_bfp's fast form (Small, kHalfEven): kd = bfp_scale_exponent(s, m), f = 0, the clamp at
+// ±(2^m - 1).
+template <class I>
+MXOPS_HD LaneMask<I> bfp_direct_block(I s, int m) { return direct_round_block(bfp_scale_exponent(s, m), 0); }
+
+template <class I>
+MXOPS_HD DirectRound<LaneF<I>> bfp_direct_params(I s, int m) {
+  const float top = static_cast<float>((1u << m) - 1u);
+  return direct_round_params(bfp_scale_exponent(s, m), 0, top, -top);
+}
+
+// The int8 MX element's (kHalfEven): v = x / X with X = 2^kd, kd = mx_scale_exponent(s, 0),
+// rounded at 2^-6 (f = 6), clamped to [-128, 127].
+template <class I>
+MXOPS_HD LaneMask<I> mx_int_direct_block(I s, const MxElement& f) {
+  return direct_round_block(mx_scale_exponent(s, f.emax), 6);
+}
+
+template <class I>
+MXOPS_HD DirectRound<LaneF<I>> mx_int_direct_params(I s, const MxElement& f) {
+  return direct_round_params(mx_scale_exponent(s, f.emax), 6, 127.0f, -128.0f);
+}
+
+// mx_float_element_direct with the sign in the rounding constant: with c of the sign of x,
+// (x + c) - c is ±((|x| + |c|) - |c|) (nearest-even rounding is symmetric), and +0 where that
+// is zero (x - x is +0), as mx_float_element_direct gives; the clamp is at ±max_v.
+template <class F>
+struct MxDirectSigned {
+  LaneU<F> lo;  // lo << 23, as MxDirect
+  F max_v;      // X * max_normal
+  F min_v;      // -max_v
+};
+
+template <class I>
+MXOPS_HD MxDirectSigned<LaneF<I>> mx_direct_signed_params(I s, const MxElement& f) {
+  const MxDirect<LaneF<I>> d = mx_direct_params(s, f);
+  MxDirectSigned<LaneF<I>> p;
+  p.lo = d.lo;
+  p.max_v = d.max_v;
+  p.min_v = -d.max_v;
+  return p;
+}
+
+template <class F>
+MXOPS_HD F mx_float_element_direct_signed(F x, const MxDirectSigned<F>& p, const MxElement& f) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const U e = u & 0x7f800000u;
+  const U c_bits = (imax(e, p.lo) + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23)) | (u & 0x80000000u);
+  const F c = u2f(c_bits);
+  F r = (x + c) - c;
+  r = select(r > p.max_v, p.max_v, r);
+  r = select(r < p.min_v, p.min_v, r);
+  return select(e == 0x7f800000u, x, r);  // Inf / NaN pass through
 }
 
 // ------------------------------------------------------------------------------------------

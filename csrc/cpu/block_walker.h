@@ -115,23 +115,34 @@ struct ScalarLanes {
 // allows it, fast_params(s, sub) / apply_fast(x, p) compute it; the walker decides once per
 // tile or group of blocks, so the loops over elements carry no branch.
 
-// Small: m <= 21, the one-addition round of round_half (kHalfEven).
+// Small: m <= 21, the one-addition round of round_half (kHalfEven); its fast form rounds x in
+// place (bfp_direct_params), the others' divide with NormalOnly scales.
 template <class L, int Mode, bool Small>
 struct BfpLanes {
   using F = typename L::F;
   using I = typename L::I;
   using K = typename L::U;
   using Params = BfpScale<F>;
-  using Fast = BfpScale<F>;
+  static constexpr bool kDirect = Small && Mode == kHalfEven;
+  using Fast = std::conditional_t<kDirect, DirectRound<F>, BfpScale<F>>;
   static constexpr bool kSubBlocks = false;
   int m;
   MXOPS_VINL K key(F x) const { return finite_exponent_key(f2u(x)); }
   MXOPS_VINL I exponent(K k) const { return finite_exponent_of_key(k); }
   MXOPS_VINL Params params(I s, I) const { return bfp_scale(s, m); }
   MXOPS_VINL F apply(F x, const Params& p) const { return to_bfp_element<Mode, Small>(x, p); }
-  MXOPS_VINL bool fast(I s) const { return L::all(pow2_pair_normal(bfp_scale_exponent(s, m))); }
-  MXOPS_VINL Fast fast_params(I s, I) const { return bfp_scale<true>(s, m); }
-  MXOPS_VINL F apply_fast(F x, const Fast& p) const { return to_bfp_element<Mode, Small>(x, p); }
+  MXOPS_VINL bool fast(I s) const {
+    if constexpr (kDirect) return __builtin_expect(L::all(bfp_direct_block(s, m)), 1);
+    return L::all(pow2_pair_normal(bfp_scale_exponent(s, m)));
+  }
+  MXOPS_VINL Fast fast_params(I s, I) const {
+    if constexpr (kDirect) return bfp_direct_params(s, m);
+    else return bfp_scale<true>(s, m);
+  }
+  MXOPS_VINL F apply_fast(F x, const Fast& p) const {
+    if constexpr (kDirect) return direct_round_element(x, p);
+    else return to_bfp_element<Mode, Small>(x, p);
+  }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
 };
 
@@ -146,12 +157,15 @@ struct PrimeLanes {
   };
   static constexpr bool kSubBlocks = true;
   int m, sub_block_size, shift_bits;
-  MXOPS_VINL K key(F x) const { return exponent_key(f2u(x)); }
-  MXOPS_VINL I exponent(K k) const { return exponent_of_key(k); }
+  // The exponent field in place (e << 23) is both the key and what exponent() gives: the fast
+  // form's sub-block parameters come from it without shifting (bfp_prime_addition_params_in_place).
+  MXOPS_VINL K key(F x) const { return f2u(x) & 0x7f800000u; }
+  MXOPS_VINL I exponent(K k) const { return as_int(k); }
+  static MXOPS_VINL I field(I e) { return e >> 23; }
   using Fast = BfpPrimeParams<F>;
   MXOPS_VINL Params params(I s, I sub) const {
     Params p;
-    p.core = bfp_prime_params(s, sub, shift_bits, m);
+    p.core = bfp_prime_params(field(s), field(sub), shift_bits, m);
     p.by_addition = Mode == kHalfEven && L::all(bfp_prime_addition_exact(p.core));
     return p;
   }
@@ -160,18 +174,19 @@ struct PrimeLanes {
     return bfp_prime_element<Mode>(x, p.core, m);
   }
   // Every sub-block by one addition, its add and sat straight from its exponent.
-  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(s, m)); }
+  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(field(s), m)); }
   MXOPS_VINL Fast fast_params(I s, I sub) const {
-    return bfp_prime_addition_params(bfp_prime_exponent(s, sub, shift_bits), m);
+    return bfp_prime_addition_params_in_place(s, sub, shift_bits, m);
   }
   MXOPS_VINL F apply_fast(F x, const Fast& p) const { return bfp_prime_element_by_addition(x, p); }
   // Within the fast form, blocks whose subnormals round to 0 without the flush.
-  MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(s, m, shift_bits)); }
+  MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(field(s), m, shift_bits)); }
   MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
 };
 
-// Fast: floating elements by mx_float_element_direct, integer ones with NormalOnly scales.
+// Fast: floating elements by mx_float_element_direct_signed, integer ones (kHalfEven) rounded in
+// place (mx_int_direct_params), else with NormalOnly scales.
 template <class L, int Mode, int Kind>
 struct MxLanes {
   using F = typename L::F;
@@ -179,7 +194,9 @@ struct MxLanes {
   using K = typename L::U;
   using Params = MxScale<F>;
   static constexpr bool kDirect = Kind == kMxFloatElement;
-  using Fast = std::conditional_t<kDirect, MxDirect<F>, MxScale<F>>;
+  static constexpr bool kIntDirect = Kind == kMxIntElement && Mode == kHalfEven;
+  using Fast = std::conditional_t<kDirect, MxDirectSigned<F>,
+                                  std::conditional_t<kIntDirect, DirectRound<F>, MxScale<F>>>;
   static constexpr bool kSubBlocks = false;
   MxElement element;
   MXOPS_VINL K key(F x) const { return finite_exponent_key(f2u(x)); }
@@ -187,15 +204,18 @@ struct MxLanes {
   MXOPS_VINL Params params(I s, I) const { return mx_scale(s, element.emax); }
   MXOPS_VINL F apply(F x, const Params& p) const { return mx_element<Mode, Kind>(x, p, element); }
   MXOPS_VINL bool fast(I s) const {
-    if constexpr (kDirect) return L::all(mx_direct_block(s, element));
+    if constexpr (kDirect) return __builtin_expect(L::all(mx_direct_block(s, element)), 1);
+    if constexpr (kIntDirect) return __builtin_expect(L::all(mx_int_direct_block(s, element)), 1);
     return L::all(pow2_pair_normal(mx_scale_exponent(s, element.emax)));
   }
   MXOPS_VINL Fast fast_params(I s, I) const {
-    if constexpr (kDirect) return mx_direct_params(s, element);
+    if constexpr (kDirect) return mx_direct_signed_params(s, element);
+    else if constexpr (kIntDirect) return mx_int_direct_params(s, element);
     else return mx_scale<true>(s, element.emax);
   }
   MXOPS_VINL F apply_fast(F x, const Fast& p) const {
-    if constexpr (kDirect) return mx_float_element_direct(x, p, element);
+    if constexpr (kDirect) return mx_float_element_direct_signed(x, p, element);
+    else if constexpr (kIntDirect) return direct_round_element(x, p);
     else return mx_element<Mode, Kind>(x, p, element);
   }
   MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
