@@ -634,6 +634,27 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     return tuned, report
 
 
+def _sample_scores(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
+                   metric: str) -> list[tuple[float, ...]]:
+    """Per sample, what :func:`_score` gives for the whole set: (fraction of positions whose
+    argmax agrees with float, minus the sample's squared error over the set's float energy)
+    with "argmax", (minus that error,) with "mse"; larger is better."""
+    r2 = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for rs in refs for r in rs)
+    out = []
+    for sample_out, sample_ref in zip(outs, refs):
+        same = count = 0
+        d2 = 0.0
+        for o, r in zip(sample_out, sample_ref):
+            o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
+            d2 += float(np.sum((o - r) ** 2))
+            if metric == "argmax" and r.ndim >= 1 and r.shape[-1] >= 2:
+                same += int(np.sum(o.argmax(-1) == r.argmax(-1)))
+                count += r.size // r.shape[-1]
+        err = -_rel(d2, r2)
+        out.append((same / count if count else 1.0, err) if metric == "argmax" else (err,))
+    return out
+
+
 def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
            metric: str) -> tuple[float, ...]:
     """How close the quantized outputs ``outs`` are to the float ones ``refs`` (per sample,
@@ -655,16 +676,39 @@ def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
     return (same / count if count else 1.0, err) if metric == "argmax" else (err,)
 
 
+def sign_test(wins: int, losses: int) -> float:
+    """One-sided exact sign test: the probability of at least ``wins`` wins in
+    ``wins + losses`` fair coin tosses (1.0 with no toss).  A paired comparison: ties are
+    left out before calling."""
+    import math
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2.0 ** n
+
+
+def _paired(new: list[tuple[float, ...]], old: list[tuple[float, ...]]) -> tuple[int, int, float]:
+    """Samples on which ``new`` scores better and worse than ``old`` (per-sample scores of
+    :func:`_sample_scores`, compared as tuples) and the sign test's p-value of that."""
+    wins = sum(1 for a, b in zip(new, old) if a > b)
+    losses = sum(1 for a, b in zip(new, old) if a < b)
+    return wins, losses, sign_test(wins, losses)
+
+
 def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
                  feeds: list[dict[str, np.ndarray]], choices: list[_Choice], writer: _Writer,
                  opts: FastFinetune) -> dict[str, Any]:
     """Score the whole quantized model ``qmodel`` (with the values ``writer`` holds)
     against the float ``model`` on the held-out ``feeds`` with every
-    finetuned layer and with none (their ``pre`` values); keep the finetuned ones unless
-    that scores worse.  With ``opts.model_guard == "layers"``, then flip each layer alone
-    (in graph order) and keep each flip that scores strictly better.  Leaves ``writer`` and
-    each choice's LayerChange in the chosen state and returns what it compared."""
+    finetuned layer and with none (their ``pre`` values); keep the finetuned ones only when
+    they score no worse over the set and, per sample, better on significantly more samples
+    than worse (one-sided sign test at ``opts.guard_significance``; 1.0: no test).  With
+    ``opts.model_guard == "layers"``, then flip each layer alone (in graph order) and keep
+    each flip that scores strictly better; the finetuned layers left must again pass the test
+    against none, or none is kept.  Leaves ``writer`` and each choice's LayerChange in the
+    chosen state and returns what it compared."""
     out: dict[str, Any] = {"mode": opts.model_guard, "metric": opts.guard_metric,
+                           "significance": opts.guard_significance,
                            "samples": len(feeds), "layers": len(choices)}
     if not feeds:
         out["result"] = "skipped: a single calibration sample, none held out"
@@ -673,15 +717,23 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     refs = [fsess.run(None, f) for f in feeds]
     del fsess
 
-    def score() -> tuple[float, ...]:
+    def score() -> tuple[tuple[float, ...], list[tuple[float, ...]]]:
         sess = _session(_with_values(qmodel, writer.current), True)
-        return _score([sess.run(None, f) for f in feeds], refs, opts.guard_metric)
+        outs = [sess.run(None, f) for f in feeds]
+        return _score(outs, refs, opts.guard_metric), \
+            _sample_scores(outs, refs, opts.guard_metric)
+
+    def passes(new: tuple[tuple[float, ...], list], old: tuple[tuple[float, ...], list]
+               ) -> tuple[bool, tuple[int, int, float]]:
+        test = _paired(new[1], old[1])
+        return new[0] >= old[0] and (opts.guard_significance >= 1.0 or
+                                     test[2] <= opts.guard_significance), test
 
     fine = score()
     for c in choices:
         writer.put(c.target, c.pre)
     plain = score()
-    on = fine >= plain  # ties keep the finetuned weights
+    on, test = passes(fine, plain)
     best = fine if on else plain
     kept = [on] * len(choices)
     if on:
@@ -691,10 +743,17 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
         for i, c in enumerate(choices):
             writer.put(c.target, c.pre if kept[i] else c.post)
             trial = score()
-            if trial > best:
+            if trial[0] > best[0]:
                 best, kept[i] = trial, not kept[i]
             else:
                 writer.put(c.target, c.post if kept[i] else c.pre)
+        if any(kept):
+            ok, test = passes(best, plain)
+            if not ok:
+                for i, c in enumerate(choices):
+                    if kept[i]:
+                        writer.put(c.target, c.pre)
+                kept, best = [False] * len(choices), plain
     for c, k in zip(choices, kept):
         if not k:
             c.change.applied.remove("adaquant")
@@ -709,9 +768,12 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     def fmt(sc: tuple[float, ...]) -> str:
         return ", ".join(f"{k} {v:.4f}" if k == "agreement" else f"{k} {v:.3e}"
                          for k, v in named(sc).items())
-    out.update(finetuned=named(fine), plain=named(plain), final=named(best),
-               kept=len(choices) - len(names), reverted=names)
-    out["result"] = (f"finetuned {fmt(fine)}, without {fmt(plain)}: kept "
+    wins, losses, p = test
+    out.update(finetuned=named(fine[0]), plain=named(plain[0]), final=named(best[0]),
+               kept=len(choices) - len(names), reverted=names,
+               sign_test={"better": wins, "worse": losses, "p": p})
+    out["result"] = (f"finetuned {fmt(fine[0])}, without {fmt(plain[0])}; better on {wins}, "
+                     f"worse on {losses} of {len(feeds)} samples (sign test p {p:.3g}): kept "
                      f"{len(choices) - len(names)} of {len(choices)} finetuned layers")
     return out
 

@@ -483,3 +483,56 @@ def test_adaquant_speed_benchmark_protocol(tmp_path, capsys):
     assert rows[1]["seconds"] == 2.5 and rows[1]["top1_agreement"] == 1.0
     assert 0 <= rows[0]["top1_agreement"] <= 1 and rows[0]["seconds"] > 0
     assert "MXFP8E4M3_ADAQUANT: Quark 2.5 s / ours" in capsys.readouterr().out
+
+
+def test_sign_test_values():
+    from ort_mx_ops.quantizer.tuning import _paired, sign_test
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(5, 0) == 1 / 32                 # the fewest samples that reach 0.05
+    assert sign_test(4, 0) == 1 / 16
+    assert np.isclose(sign_test(13, 2), (1 + 15 + 105) / 2 ** 15)
+    assert np.isclose(sign_test(10, 5), 4944 / 32768)
+    assert sign_test(0, 3) == 1.0
+    # Per-sample tuples: agreement first, then error; ties are left out.
+    new = [(1.0, -0.1), (1.0, -0.2), (0.5, -0.0), (1.0, -0.3)]
+    old = [(1.0, -0.2), (1.0, -0.2), (1.0, -0.5), (1.0, -0.4)]
+    assert _paired(new, old) == (2, 1, sign_test(2, 1))
+
+
+def test_model_guard_reverts_an_improvement_that_is_not_significant():
+    """Finetuning that lowers the error on every held-out sample, but on 4 samples only: a
+    sign test cannot reach 0.05 (p = 1/16), so the plain weights stay; without the test
+    (guard_significance=1) the same finetuning is kept."""
+    model = _small_cnn()
+    cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3)
+    calib = _images(1, 16)
+    tuned, report = tune_model(model, cfg, calib, fast_finetune=opts)
+    g = report.model_guard
+    assert g["samples"] == 4 and g["significance"] == 0.05
+    assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
+    assert g["sign_test"] == {"better": 4, "worse": 0, "p": 1 / 16}
+    assert g["kept"] == 0 and g["final"] == g["plain"]
+    assert "sign test p 0.0625" in g["result"]
+    for name, a in _arrays(tuned).items():
+        np.testing.assert_array_equal(a, _arrays(model)[name])
+    loose, rep = tune_model(model, cfg, calib,
+                            fast_finetune=opts.replace(guard_significance=1.0))
+    assert rep.model_guard["kept"] == rep.model_guard["layers"] > 0
+    assert rep.model_guard["final"] == rep.model_guard["finetuned"]
+    assert any(not np.array_equal(a, _arrays(model)[n]) for n, a in _arrays(loose).items())
+    # The CLI / Quark-style name.
+    assert FastFinetune.from_options({"GuardSignificance": 0.2}).guard_significance == 0.2
+    with pytest.raises(ValueError, match="guard_significance"):
+        FastFinetune(guard_significance=0.0)
+
+
+def test_model_guard_is_deterministic():
+    model = _small_cnn()
+    cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3)
+    runs = [tune_model(model, cfg, _images(1, 64), fast_finetune=opts) for _ in range(2)]
+    assert runs[0][1].model_guard == runs[1][1].model_guard
+    assert runs[0][1].model_guard["kept"] > 0
+    for ta, tb in zip(runs[0][0].graph.initializer, runs[1][0].graph.initializer):
+        np.testing.assert_array_equal(numpy_helper.to_array(ta), numpy_helper.to_array(tb))
