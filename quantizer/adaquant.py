@@ -56,10 +56,11 @@ class FastFinetune:
     layer's own choice; ``guard_metric``: "argmax" (agreement of the outputs' argmax over
     their last axis with float first, relative squared error to break ties) or "mse";
     ``guard_significance``: the model guard also compares the two models sample by sample
-    (by ``guard_metric``) and keeps the finetuned weights only when they are better on
-    significantly more held-out samples than they are worse on: one-sided exact sign test,
-    p-value at most this level (1.0: no test, "not worse" over the set is enough; with fewer
-    than 5 held-out samples no result reaches 0.05)."""
+    by the metric itself (the sample's argmax agreement under "argmax", so a lower error
+    alone does not count; its error under "mse") and keeps the finetuned weights only when
+    they are better on significantly more held-out samples than they are worse on:
+    one-sided exact sign test, p-value at most this level (1.0: no test, "not worse" over
+    the set is enough; with fewer than 5 held-out samples no result reaches 0.05)."""
     data_size: int = 1000
     fixed_seed: int = 1705472343
     batch_size: int = 2

@@ -688,10 +688,11 @@ def sign_test(wins: int, losses: int) -> float:
 
 
 def _paired(new: list[tuple[float, ...]], old: list[tuple[float, ...]]) -> tuple[int, int, float]:
-    """Samples on which ``new`` scores better and worse than ``old`` (per-sample scores of
-    :func:`_sample_scores`, compared as tuples) and the sign test's p-value of that."""
-    wins = sum(1 for a, b in zip(new, old) if a > b)
-    losses = sum(1 for a, b in zip(new, old) if a < b)
+    """Samples on which ``new`` scores better and worse than ``old`` by the metric's first
+    component (per-sample scores of :func:`_sample_scores`: argmax agreement under "argmax",
+    the error under "mse") and the sign test's p-value of that."""
+    wins = sum(1 for a, b in zip(new, old) if a[0] > b[0])
+    losses = sum(1 for a, b in zip(new, old) if a[0] < b[0])
     return wins, losses, sign_test(wins, losses)
 
 
@@ -702,7 +703,8 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     against the float ``model`` on the held-out ``feeds`` with every
     finetuned layer and with none (their ``pre`` values); keep the finetuned ones only when
     they score no worse over the set and, per sample, better on significantly more samples
-    than worse (one-sided sign test at ``opts.guard_significance``; 1.0: no test).  With
+    than worse by the metric itself (argmax agreement under "argmax": a lower error alone
+    is not enough; one-sided sign test at ``opts.guard_significance``; 1.0: no test).  With
     ``opts.model_guard == "layers"``, then flip each layer alone (in graph order) and keep
     each flip that scores strictly better; the finetuned layers left must again pass the test
     against none, or none is kept.  Leaves ``writer`` and each choice's LayerChange in the

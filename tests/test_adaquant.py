@@ -13,7 +13,7 @@ from ort_mx_ops.quantizer.adaquant import FastFinetune, Sample, adaquant_layer
 from ort_mx_ops.quantizer.config import FormatSpec, get_config
 from ort_mx_ops.quantizer.layers import Layer
 from ort_mx_ops.quantizer.quantize import fold_weight, quantize_model
-from ort_mx_ops.quantizer.tuning import CalibrationMissing, read_feeds, tune_model
+from ort_mx_ops.quantizer.tuning import CalibrationMissing, read_feeds, sign_test, tune_model
 
 
 def _correlated(rng, n, k):
@@ -161,7 +161,8 @@ def test_tuned_model_beats_nearest_on_held_out_inputs(algo):
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
     calib, held = _images(1, 64), _images(2, 24)
     kw = {"weight_rounding": "gptq"} if algo == "gptq" else \
-        {"fast_finetune": FastFinetune(num_iterations=200, learning_rate=1e-3)}
+        {"fast_finetune": FastFinetune(num_iterations=200, learning_rate=1e-3,
+                                       guard_metric="mse")}
     tuned, report = tune_model(model, cfg, calib, **kw)
     assert [c.node for c in report.layers] == ["conv1", "conv2", "fc"]
     assert all(c.err_after <= c.err_before for c in report.layers)
@@ -381,9 +382,12 @@ def test_model_guard_reverts_finetuning_that_hurts(monkeypatch, mode):
 def test_model_guard_keeps_finetuning_that_helps():
     model = _small_cnn()
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
-    opts = FastFinetune(num_iterations=200, learning_rate=1e-3)
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, guard_metric="mse")
     tuned, report = tune_model(model, cfg, _images(1, 64), fast_finetune=opts)
     g = report.model_guard
+    # Better on 13 of the 16 held-out samples, worse on 3: significant at 0.05.
+    assert g["sign_test"]["better"] == 13 and g["sign_test"]["worse"] == 3
+    assert np.isclose(g["sign_test"]["p"], sign_test(13, 3))
     finetuned = [c.node for c in report.layers if "adaquant" in c.applied]
     assert finetuned and g["kept"] == len(finetuned) == g["layers"] and g["reverted"] == []
     assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
@@ -412,7 +416,8 @@ def test_model_guard_layers_reverts_only_the_layer_that_hurts(monkeypatch):
                         _hurting(tuning.adaquant_layer, hurt_conv2))
     model = _small_cnn()
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
-    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, model_guard="layers")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, model_guard="layers",
+                        guard_metric="mse")
     tuned, report = tune_model(model, cfg, _images(1, 64), fast_finetune=opts)
     g = report.model_guard
     assert "conv2" in g["reverted"] and g["kept"] >= 1
@@ -493,10 +498,12 @@ def test_sign_test_values():
     assert np.isclose(sign_test(13, 2), (1 + 15 + 105) / 2 ** 15)
     assert np.isclose(sign_test(10, 5), 4944 / 32768)
     assert sign_test(0, 3) == 1.0
-    # Per-sample tuples: agreement first, then error; ties are left out.
-    new = [(1.0, -0.1), (1.0, -0.2), (0.5, -0.0), (1.0, -0.3)]
-    old = [(1.0, -0.2), (1.0, -0.2), (1.0, -0.5), (1.0, -0.4)]
+    # Per-sample scores compared by their first component (agreement under "argmax"): a
+    # lower error alone is a tie, and ties are left out.
+    new = [(1.0, -0.1), (1.0, -0.2), (0.5, -0.0), (1.0, -0.3), (0.75, -0.3)]
+    old = [(1.0, -0.2), (1.0, -0.2), (1.0, -0.5), (0.5, -0.4), (0.5, -0.1)]
     assert _paired(new, old) == (2, 1, sign_test(2, 1))
+    assert _paired([(-0.1,), (-0.3,)], [(-0.2,), (-0.2,)]) == (1, 1, 0.75)
 
 
 def test_model_guard_reverts_an_improvement_that_is_not_significant():
@@ -505,11 +512,11 @@ def test_model_guard_reverts_an_improvement_that_is_not_significant():
     (guard_significance=1) the same finetuning is kept."""
     model = _small_cnn()
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
-    opts = FastFinetune(num_iterations=200, learning_rate=1e-3)
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, guard_metric="mse")
     calib = _images(1, 16)
     tuned, report = tune_model(model, cfg, calib, fast_finetune=opts)
     g = report.model_guard
-    assert g["samples"] == 4 and g["significance"] == 0.05
+    assert g["samples"] == 4 and g["significance"] == 0.05 and g["metric"] == "mse"
     assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
     assert g["sign_test"] == {"better": 4, "worse": 0, "p": 1 / 16}
     assert g["kept"] == 0 and g["final"] == g["plain"]
@@ -521,6 +528,15 @@ def test_model_guard_reverts_an_improvement_that_is_not_significant():
     assert rep.model_guard["kept"] == rep.model_guard["layers"] > 0
     assert rep.model_guard["final"] == rep.model_guard["finetuned"]
     assert any(not np.array_equal(a, _arrays(model)[n]) for n, a in _arrays(loose).items())
+    # Under "argmax" the test counts argmax agreement alone: on 16 held-out samples the same
+    # kind of finetuning agrees with float on 15 (plain 13) and has a lower error, but it is
+    # better on 3 samples and worse on 1 (p = 5/16): the plain weights stay.
+    _, rep = tune_model(model, cfg, _images(1, 64), fast_finetune=opts.replace(
+        guard_metric="argmax"))
+    g = rep.model_guard
+    assert g["finetuned"]["agreement"] == 15 / 16 and g["plain"]["agreement"] == 13 / 16
+    assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
+    assert g["sign_test"] == {"better": 3, "worse": 1, "p": 5 / 16} and g["kept"] == 0
     # The CLI / Quark-style name.
     assert FastFinetune.from_options({"GuardSignificance": 0.2}).guard_significance == 0.2
     with pytest.raises(ValueError, match="guard_significance"):
@@ -530,7 +546,7 @@ def test_model_guard_reverts_an_improvement_that_is_not_significant():
 def test_model_guard_is_deterministic():
     model = _small_cnn()
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
-    opts = FastFinetune(num_iterations=200, learning_rate=1e-3)
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, guard_metric="mse")
     runs = [tune_model(model, cfg, _images(1, 64), fast_finetune=opts) for _ in range(2)]
     assert runs[0][1].model_guard == runs[1][1].model_guard
     assert runs[0][1].model_guard["kept"] > 0
