@@ -55,12 +55,13 @@ class FastFinetune:
     each finetuned layer alone and keeps every revert that scores better; "off" keeps every
     layer's own choice; ``guard_metric``: "argmax" (agreement of the outputs' argmax over
     their last axis with float first, relative squared error to break ties) or "mse";
-    ``guard_significance``: the model guard also compares the two models sample by sample
-    by the metric itself (the sample's argmax agreement under "argmax", so a lower error
-    alone does not count; its error under "mse") and keeps the finetuned weights only when
-    they are better on significantly more held-out samples than they are worse on:
-    one-sided exact sign test, p-value at most this level (1.0: no test, "not worse" over
-    the set is enough; with fewer than 5 held-out samples no result reaches 0.05)."""
+    ``guard_significance``: the model guard also compares the two models unit by unit by
+    the metric itself (under "argmax" the output positions whose argmax agrees with float
+    in one model and not the other, so a lower error alone does not count; under "mse" the
+    held-out samples, by their error) and keeps the finetuned weights only when they are
+    better on significantly more units than worse: one-sided exact sign test, p-value at
+    most this level (1.0: no test, "not worse" over the set is enough; fewer than 5 units
+    that differ never reach 0.05)."""
     data_size: int = 1000
     fixed_seed: int = 1705472343
     batch_size: int = 2

@@ -634,25 +634,21 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     return tuned, report
 
 
-def _sample_scores(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
-                   metric: str) -> list[tuple[float, ...]]:
-    """Per sample, what :func:`_score` gives for the whole set: (fraction of positions whose
-    argmax agrees with float, minus the sample's squared error over the set's float energy)
-    with "argmax", (minus that error,) with "mse"; larger is better."""
-    r2 = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for rs in refs for r in rs)
-    out = []
-    for sample_out, sample_ref in zip(outs, refs):
-        same = count = 0
-        d2 = 0.0
-        for o, r in zip(sample_out, sample_ref):
-            o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
-            d2 += float(np.sum((o - r) ** 2))
-            if metric == "argmax" and r.ndim >= 1 and r.shape[-1] >= 2:
-                same += int(np.sum(o.argmax(-1) == r.argmax(-1)))
-                count += r.size // r.shape[-1]
-        err = -_rel(d2, r2)
-        out.append((same / count if count else 1.0, err) if metric == "argmax" else (err,))
-    return out
+def _units(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
+           metric: str) -> np.ndarray:
+    """What the model guard's sign test compares: under "argmax", for every position of
+    every sample (as :func:`_score` counts them), whether its argmax agrees with float (a
+    bool array); under "mse", or where no output has positions, each sample's squared error
+    (a float array, negated: larger is better)."""
+    if metric == "argmax":
+        agree = [np.asarray(o).argmax(-1).reshape(-1) == np.asarray(r).argmax(-1).reshape(-1)
+                 for so, sr in zip(outs, refs) for o, r in zip(so, sr)
+                 if np.ndim(r) >= 1 and np.shape(r)[-1] >= 2]
+        if agree:
+            return np.concatenate(agree)
+    return np.array([-sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64))
+                                       ** 2)) for o, r in zip(so, sr))
+                     for so, sr in zip(outs, refs)])
 
 
 def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
@@ -687,12 +683,14 @@ def sign_test(wins: int, losses: int) -> float:
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2.0 ** n
 
 
-def _paired(new: list[tuple[float, ...]], old: list[tuple[float, ...]]) -> tuple[int, int, float]:
-    """Samples on which ``new`` scores better and worse than ``old`` by the metric's first
-    component (per-sample scores of :func:`_sample_scores`: argmax agreement under "argmax",
-    the error under "mse") and the sign test's p-value of that."""
-    wins = sum(1 for a, b in zip(new, old) if a[0] > b[0])
-    losses = sum(1 for a, b in zip(new, old) if a[0] < b[0])
+def _paired(new: np.ndarray, old: np.ndarray) -> tuple[int, int, float]:
+    """Units (of :func:`_units`) on which ``new`` is better and worse than ``old``: positions
+    that agree with float in one and not in the other, or samples with a smaller and a
+    larger error; and the sign test's p-value of that (ties left out)."""
+    if new.dtype == bool:
+        wins, losses = int(np.sum(new & ~old)), int(np.sum(old & ~new))
+    else:
+        wins, losses = int(np.sum(new > old)), int(np.sum(new < old))
     return wins, losses, sign_test(wins, losses)
 
 
@@ -702,9 +700,10 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     """Score the whole quantized model ``qmodel`` (with the values ``writer`` holds)
     against the float ``model`` on the held-out ``feeds`` with every
     finetuned layer and with none (their ``pre`` values); keep the finetuned ones only when
-    they score no worse over the set and, per sample, better on significantly more samples
-    than worse by the metric itself (argmax agreement under "argmax": a lower error alone
-    is not enough; one-sided sign test at ``opts.guard_significance``; 1.0: no test).  With
+    they score no worse over the set and are better by the metric itself on significantly
+    more units than worse (under "argmax" the positions whose argmax agrees with float in
+    one model only: a lower error alone is not enough; under "mse" the samples; one-sided
+    sign test at ``opts.guard_significance``; 1.0: no test).  With
     ``opts.model_guard == "layers"``, then flip each layer alone (in graph order) and keep
     each flip that scores strictly better; the finetuned layers left must again pass the test
     against none, or none is kept.  Leaves ``writer`` and each choice's LayerChange in the
@@ -719,14 +718,14 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     refs = [fsess.run(None, f) for f in feeds]
     del fsess
 
-    def score() -> tuple[tuple[float, ...], list[tuple[float, ...]]]:
+    def score() -> tuple[tuple[float, ...], np.ndarray]:
         sess = _session(_with_values(qmodel, writer.current), True)
         outs = [sess.run(None, f) for f in feeds]
-        return _score(outs, refs, opts.guard_metric), \
-            _sample_scores(outs, refs, opts.guard_metric)
+        return _score(outs, refs, opts.guard_metric), _units(outs, refs, opts.guard_metric)
 
-    def passes(new: tuple[tuple[float, ...], list], old: tuple[tuple[float, ...], list]
-               ) -> tuple[bool, tuple[int, int, float]]:
+    Scored = tuple[tuple[float, ...], np.ndarray]
+
+    def passes(new: Scored, old: Scored) -> tuple[bool, tuple[int, int, float]]:
         test = _paired(new[1], old[1])
         return new[0] >= old[0] and (opts.guard_significance >= 1.0 or
                                      test[2] <= opts.guard_significance), test
@@ -774,8 +773,10 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     out.update(finetuned=named(fine[0]), plain=named(plain[0]), final=named(best[0]),
                kept=len(choices) - len(names), reverted=names,
                sign_test={"better": wins, "worse": losses, "p": p})
+    unit = "positions" if fine[1].dtype == bool else "samples"
+    out["sign_test"]["unit"] = unit
     out["result"] = (f"finetuned {fmt(fine[0])}, without {fmt(plain[0])}; better on {wins}, "
-                     f"worse on {losses} of {len(feeds)} samples (sign test p {p:.3g}): kept "
+                     f"worse on {losses} of {len(fine[1])} {unit} (sign test p {p:.3g}): kept "
                      f"{len(choices) - len(names)} of {len(choices)} finetuned layers")
     return out
 

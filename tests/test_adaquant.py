@@ -498,12 +498,24 @@ def test_sign_test_values():
     assert np.isclose(sign_test(13, 2), (1 + 15 + 105) / 2 ** 15)
     assert np.isclose(sign_test(10, 5), 4944 / 32768)
     assert sign_test(0, 3) == 1.0
-    # Per-sample scores compared by their first component (agreement under "argmax"): a
-    # lower error alone is a tie, and ties are left out.
-    new = [(1.0, -0.1), (1.0, -0.2), (0.5, -0.0), (1.0, -0.3), (0.75, -0.3)]
-    old = [(1.0, -0.2), (1.0, -0.2), (1.0, -0.5), (0.5, -0.4), (0.5, -0.1)]
-    assert _paired(new, old) == (2, 1, sign_test(2, 1))
-    assert _paired([(-0.1,), (-0.3,)], [(-0.2,), (-0.2,)]) == (1, 1, 0.75)
+    # Positions (argmax agreement): fixed against broken, ties left out.
+    new = np.array([1, 1, 0, 1, 1, 0, 1], bool)
+    old = np.array([1, 0, 1, 0, 0, 0, 1], bool)
+    assert _paired(new, old) == (3, 1, 5 / 16)
+    # Samples (minus their error): larger is better.
+    assert _paired(np.array([-0.1, -0.3, -0.2]), np.array([-0.2, -0.2, -0.2])) == (1, 1, 0.75)
+
+
+def test_guard_units():
+    """Under "argmax" the sign test counts every output position (an OCR line has many);
+    under "mse", or where no output has a class axis, each sample's squared error."""
+    from ort_mx_ops.quantizer.tuning import _units
+    ref = [[np.array([[[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]])], [np.array([[[0.6, 0.4]]])]]
+    out = [[np.array([[[0.2, 0.8], [0.4, 0.6], [0.3, 0.7]]])], [np.array([[[0.5, 0.5]]])]]
+    np.testing.assert_array_equal(_units(out, ref, "argmax"), [True, False, True, True])
+    np.testing.assert_allclose(_units(out, ref, "mse"), [-(0.02 + 0.32), -0.02])
+    scalar = [[np.array([1.0])]], [[np.array([1.5])]]
+    np.testing.assert_allclose(_units(scalar[1], scalar[0], "argmax"), [-0.25])
 
 
 def test_model_guard_reverts_an_improvement_that_is_not_significant():
@@ -518,7 +530,7 @@ def test_model_guard_reverts_an_improvement_that_is_not_significant():
     g = report.model_guard
     assert g["samples"] == 4 and g["significance"] == 0.05 and g["metric"] == "mse"
     assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
-    assert g["sign_test"] == {"better": 4, "worse": 0, "p": 1 / 16}
+    assert g["sign_test"] == {"better": 4, "worse": 0, "p": 1 / 16, "unit": "samples"}
     assert g["kept"] == 0 and g["final"] == g["plain"]
     assert "sign test p 0.0625" in g["result"]
     for name, a in _arrays(tuned).items():
@@ -530,13 +542,14 @@ def test_model_guard_reverts_an_improvement_that_is_not_significant():
     assert any(not np.array_equal(a, _arrays(model)[n]) for n, a in _arrays(loose).items())
     # Under "argmax" the test counts argmax agreement alone: on 16 held-out samples the same
     # kind of finetuning agrees with float on 15 (plain 13) and has a lower error, but it is
-    # better on 3 samples and worse on 1 (p = 5/16): the plain weights stay.
+    # fixes 3 positions (one per sample) and breaks 1 (p = 5/16): the plain weights stay.
     _, rep = tune_model(model, cfg, _images(1, 64), fast_finetune=opts.replace(
         guard_metric="argmax"))
     g = rep.model_guard
     assert g["finetuned"]["agreement"] == 15 / 16 and g["plain"]["agreement"] == 13 / 16
     assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
-    assert g["sign_test"] == {"better": 3, "worse": 1, "p": 5 / 16} and g["kept"] == 0
+    assert g["sign_test"] == {"better": 3, "worse": 1, "p": 5 / 16, "unit": "positions"}
+    assert g["kept"] == 0
     # The CLI / Quark-style name.
     assert FastFinetune.from_options({"GuardSignificance": 0.2}).guard_significance == 0.2
     with pytest.raises(ValueError, match="guard_significance"):
