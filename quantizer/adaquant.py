@@ -28,7 +28,7 @@ _QUARK_NAMES = {"DataSize": "data_size", "FixedSeed": "fixed_seed", "BatchSize":
                 "OptimAlgorithm": "optim_algorithm", "OptimDevice": "optim_device",
                 "InferDevice": "infer_device", "EarlyStop": "early_stop",
                 "HoldOut": "hold_out", "Optimizer": "optimizer", "ModelGuard": "model_guard",
-                "GuardMetric": "guard_metric"}
+                "GuardMetric": "guard_metric", "GuardSignificance": "guard_significance"}
 
 MODEL_GUARDS = ("model", "layers", "off")
 GUARD_METRICS = ("argmax", "mse")
@@ -54,7 +54,14 @@ class FastFinetune:
     ones are kept only when they are not worse ("model"); "layers" then also tries reverting
     each finetuned layer alone and keeps every revert that scores better; "off" keeps every
     layer's own choice; ``guard_metric``: "argmax" (agreement of the outputs' argmax over
-    their last axis with float first, relative squared error to break ties) or "mse"."""
+    their last axis with float first, relative squared error to break ties) or "mse";
+    ``guard_significance``: the model guard also compares the two models unit by unit by
+    the metric itself (under "argmax" the output positions whose argmax agrees with float
+    in one model and not the other, so a lower error alone does not count; under "mse" the
+    held-out samples, by their error) and keeps the finetuned weights only when they are
+    better on significantly more units than worse: one-sided exact sign test, p-value at
+    most this level (1.0: no test, "not worse" over the set is enough; fewer than 5 units
+    that differ never reach 0.05)."""
     data_size: int = 1000
     fixed_seed: int = 1705472343
     batch_size: int = 2
@@ -71,6 +78,7 @@ class FastFinetune:
     max_elements: int = 1 << 24
     model_guard: str = "model"
     guard_metric: str = "argmax"
+    guard_significance: float = 0.05
 
     def __post_init__(self) -> None:
         if self.optim_algorithm.lower() != "adaquant":
@@ -95,6 +103,8 @@ class FastFinetune:
                              "num_iterations >= 0")
         if not self.learning_rate > 0:
             raise ValueError("learning_rate must be > 0")
+        if not 0 < self.guard_significance <= 1:
+            raise ValueError("guard_significance must be in (0, 1]")
         if not 0 < self.hold_out < 1:
             raise ValueError("hold_out must be in (0, 1)")
 

@@ -634,6 +634,23 @@ def tune_model(model: onnx.ModelProto, cfg: QuantizationConfig,
     return tuned, report
 
 
+def _units(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
+           metric: str) -> np.ndarray:
+    """What the model guard's sign test compares: under "argmax", for every position of
+    every sample (as :func:`_score` counts them), whether its argmax agrees with float (a
+    bool array); under "mse", or where no output has positions, each sample's squared error
+    (a float array, negated: larger is better)."""
+    if metric == "argmax":
+        agree = [np.asarray(o).argmax(-1).reshape(-1) == np.asarray(r).argmax(-1).reshape(-1)
+                 for so, sr in zip(outs, refs) for o, r in zip(so, sr)
+                 if np.ndim(r) >= 1 and np.shape(r)[-1] >= 2]
+        if agree:
+            return np.concatenate(agree)
+    return np.array([-sum(float(np.sum((np.asarray(o, np.float64) - np.asarray(r, np.float64))
+                                       ** 2)) for o, r in zip(so, sr))
+                     for so, sr in zip(outs, refs)])
+
+
 def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
            metric: str) -> tuple[float, ...]:
     """How close the quantized outputs ``outs`` are to the float ones ``refs`` (per sample,
@@ -655,16 +672,44 @@ def _score(outs: list[list[np.ndarray]], refs: list[list[np.ndarray]],
     return (same / count if count else 1.0, err) if metric == "argmax" else (err,)
 
 
+def sign_test(wins: int, losses: int) -> float:
+    """One-sided exact sign test: the probability of at least ``wins`` wins in
+    ``wins + losses`` fair coin tosses (1.0 with no toss).  A paired comparison: ties are
+    left out before calling."""
+    import math
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2.0 ** n
+
+
+def _paired(new: np.ndarray, old: np.ndarray) -> tuple[int, int, float]:
+    """Units (of :func:`_units`) on which ``new`` is better and worse than ``old``: positions
+    that agree with float in one and not in the other, or samples with a smaller and a
+    larger error; and the sign test's p-value of that (ties left out)."""
+    if new.dtype == bool:
+        wins, losses = int(np.sum(new & ~old)), int(np.sum(old & ~new))
+    else:
+        wins, losses = int(np.sum(new > old)), int(np.sum(new < old))
+    return wins, losses, sign_test(wins, losses)
+
+
 def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
                  feeds: list[dict[str, np.ndarray]], choices: list[_Choice], writer: _Writer,
                  opts: FastFinetune) -> dict[str, Any]:
     """Score the whole quantized model ``qmodel`` (with the values ``writer`` holds)
     against the float ``model`` on the held-out ``feeds`` with every
-    finetuned layer and with none (their ``pre`` values); keep the finetuned ones unless
-    that scores worse.  With ``opts.model_guard == "layers"``, then flip each layer alone
-    (in graph order) and keep each flip that scores strictly better.  Leaves ``writer`` and
-    each choice's LayerChange in the chosen state and returns what it compared."""
+    finetuned layer and with none (their ``pre`` values); keep the finetuned ones only when
+    they score no worse over the set and are better by the metric itself on significantly
+    more units than worse (under "argmax" the positions whose argmax agrees with float in
+    one model only: a lower error alone is not enough; under "mse" the samples; one-sided
+    sign test at ``opts.guard_significance``; 1.0: no test).  With
+    ``opts.model_guard == "layers"``, then flip each layer alone (in graph order) and keep
+    each flip that scores strictly better; the finetuned layers left must again pass the test
+    against none, or none is kept.  Leaves ``writer`` and each choice's LayerChange in the
+    chosen state and returns what it compared."""
     out: dict[str, Any] = {"mode": opts.model_guard, "metric": opts.guard_metric,
+                           "significance": opts.guard_significance,
                            "samples": len(feeds), "layers": len(choices)}
     if not feeds:
         out["result"] = "skipped: a single calibration sample, none held out"
@@ -673,15 +718,23 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     refs = [fsess.run(None, f) for f in feeds]
     del fsess
 
-    def score() -> tuple[float, ...]:
+    def score() -> tuple[tuple[float, ...], np.ndarray]:
         sess = _session(_with_values(qmodel, writer.current), True)
-        return _score([sess.run(None, f) for f in feeds], refs, opts.guard_metric)
+        outs = [sess.run(None, f) for f in feeds]
+        return _score(outs, refs, opts.guard_metric), _units(outs, refs, opts.guard_metric)
+
+    Scored = tuple[tuple[float, ...], np.ndarray]
+
+    def passes(new: Scored, old: Scored) -> tuple[bool, tuple[int, int, float]]:
+        test = _paired(new[1], old[1])
+        return new[0] >= old[0] and (opts.guard_significance >= 1.0 or
+                                     test[2] <= opts.guard_significance), test
 
     fine = score()
     for c in choices:
         writer.put(c.target, c.pre)
     plain = score()
-    on = fine >= plain  # ties keep the finetuned weights
+    on, test = passes(fine, plain)
     best = fine if on else plain
     kept = [on] * len(choices)
     if on:
@@ -691,10 +744,17 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
         for i, c in enumerate(choices):
             writer.put(c.target, c.pre if kept[i] else c.post)
             trial = score()
-            if trial > best:
+            if trial[0] > best[0]:
                 best, kept[i] = trial, not kept[i]
             else:
                 writer.put(c.target, c.post if kept[i] else c.pre)
+        if any(kept):
+            ok, test = passes(best, plain)
+            if not ok:
+                for i, c in enumerate(choices):
+                    if kept[i]:
+                        writer.put(c.target, c.pre)
+                kept, best = [False] * len(choices), plain
     for c, k in zip(choices, kept):
         if not k:
             c.change.applied.remove("adaquant")
@@ -709,9 +769,14 @@ def _model_guard(model: onnx.ModelProto, qmodel: onnx.ModelProto,
     def fmt(sc: tuple[float, ...]) -> str:
         return ", ".join(f"{k} {v:.4f}" if k == "agreement" else f"{k} {v:.3e}"
                          for k, v in named(sc).items())
-    out.update(finetuned=named(fine), plain=named(plain), final=named(best),
-               kept=len(choices) - len(names), reverted=names)
-    out["result"] = (f"finetuned {fmt(fine)}, without {fmt(plain)}: kept "
+    wins, losses, p = test
+    out.update(finetuned=named(fine[0]), plain=named(plain[0]), final=named(best[0]),
+               kept=len(choices) - len(names), reverted=names,
+               sign_test={"better": wins, "worse": losses, "p": p})
+    unit = "positions" if fine[1].dtype == bool else "samples"
+    out["sign_test"]["unit"] = unit
+    out["result"] = (f"finetuned {fmt(fine[0])}, without {fmt(plain[0])}; better on {wins}, "
+                     f"worse on {losses} of {len(fine[1])} {unit} (sign test p {p:.3g}): kept "
                      f"{len(choices) - len(names)} of {len(choices)} finetuned layers")
     return out
 

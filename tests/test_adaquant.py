@@ -13,7 +13,7 @@ from ort_mx_ops.quantizer.adaquant import FastFinetune, Sample, adaquant_layer
 from ort_mx_ops.quantizer.config import FormatSpec, get_config
 from ort_mx_ops.quantizer.layers import Layer
 from ort_mx_ops.quantizer.quantize import fold_weight, quantize_model
-from ort_mx_ops.quantizer.tuning import CalibrationMissing, read_feeds, tune_model
+from ort_mx_ops.quantizer.tuning import CalibrationMissing, read_feeds, sign_test, tune_model
 
 
 def _correlated(rng, n, k):
@@ -161,7 +161,8 @@ def test_tuned_model_beats_nearest_on_held_out_inputs(algo):
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
     calib, held = _images(1, 64), _images(2, 24)
     kw = {"weight_rounding": "gptq"} if algo == "gptq" else \
-        {"fast_finetune": FastFinetune(num_iterations=200, learning_rate=1e-3)}
+        {"fast_finetune": FastFinetune(num_iterations=200, learning_rate=1e-3,
+                                       guard_metric="mse")}
     tuned, report = tune_model(model, cfg, calib, **kw)
     assert [c.node for c in report.layers] == ["conv1", "conv2", "fc"]
     assert all(c.err_after <= c.err_before for c in report.layers)
@@ -381,9 +382,12 @@ def test_model_guard_reverts_finetuning_that_hurts(monkeypatch, mode):
 def test_model_guard_keeps_finetuning_that_helps():
     model = _small_cnn()
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
-    opts = FastFinetune(num_iterations=200, learning_rate=1e-3)
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, guard_metric="mse")
     tuned, report = tune_model(model, cfg, _images(1, 64), fast_finetune=opts)
     g = report.model_guard
+    # Better on 13 of the 16 held-out samples, worse on 3: significant at 0.05.
+    assert g["sign_test"]["better"] == 13 and g["sign_test"]["worse"] == 3
+    assert np.isclose(g["sign_test"]["p"], sign_test(13, 3))
     finetuned = [c.node for c in report.layers if "adaquant" in c.applied]
     assert finetuned and g["kept"] == len(finetuned) == g["layers"] and g["reverted"] == []
     assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
@@ -412,7 +416,8 @@ def test_model_guard_layers_reverts_only_the_layer_that_hurts(monkeypatch):
                         _hurting(tuning.adaquant_layer, hurt_conv2))
     model = _small_cnn()
     cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
-    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, model_guard="layers")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, model_guard="layers",
+                        guard_metric="mse")
     tuned, report = tune_model(model, cfg, _images(1, 64), fast_finetune=opts)
     g = report.model_guard
     assert "conv2" in g["reverted"] and g["kept"] >= 1
@@ -483,3 +488,80 @@ def test_adaquant_speed_benchmark_protocol(tmp_path, capsys):
     assert rows[1]["seconds"] == 2.5 and rows[1]["top1_agreement"] == 1.0
     assert 0 <= rows[0]["top1_agreement"] <= 1 and rows[0]["seconds"] > 0
     assert "MXFP8E4M3_ADAQUANT: Quark 2.5 s / ours" in capsys.readouterr().out
+
+
+def test_sign_test_values():
+    from ort_mx_ops.quantizer.tuning import _paired, sign_test
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(5, 0) == 1 / 32                 # the fewest samples that reach 0.05
+    assert sign_test(4, 0) == 1 / 16
+    assert np.isclose(sign_test(13, 2), (1 + 15 + 105) / 2 ** 15)
+    assert np.isclose(sign_test(10, 5), 4944 / 32768)
+    assert sign_test(0, 3) == 1.0
+    # Positions (argmax agreement): fixed against broken, ties left out.
+    new = np.array([1, 1, 0, 1, 1, 0, 1], bool)
+    old = np.array([1, 0, 1, 0, 0, 0, 1], bool)
+    assert _paired(new, old) == (3, 1, 5 / 16)
+    # Samples (minus their error): larger is better.
+    assert _paired(np.array([-0.1, -0.3, -0.2]), np.array([-0.2, -0.2, -0.2])) == (1, 1, 0.75)
+
+
+def test_guard_units():
+    """Under "argmax" the sign test counts every output position (an OCR line has many);
+    under "mse", or where no output has a class axis, each sample's squared error."""
+    from ort_mx_ops.quantizer.tuning import _units
+    ref = [[np.array([[[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]])], [np.array([[[0.6, 0.4]]])]]
+    out = [[np.array([[[0.2, 0.8], [0.4, 0.6], [0.3, 0.7]]])], [np.array([[[0.5, 0.5]]])]]
+    np.testing.assert_array_equal(_units(out, ref, "argmax"), [True, False, True, True])
+    np.testing.assert_allclose(_units(out, ref, "mse"), [-(0.02 + 0.32), -0.02])
+    scalar = [[np.array([1.0])]], [[np.array([1.5])]]
+    np.testing.assert_allclose(_units(scalar[1], scalar[0], "argmax"), [-0.25])
+
+
+def test_model_guard_reverts_an_improvement_that_is_not_significant():
+    """Finetuning that lowers the error on every held-out sample, but on 4 samples only: a
+    sign test cannot reach 0.05 (p = 1/16), so the plain weights stay; without the test
+    (guard_significance=1) the same finetuning is kept."""
+    model = _small_cnn()
+    cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, guard_metric="mse")
+    calib = _images(1, 16)
+    tuned, report = tune_model(model, cfg, calib, fast_finetune=opts)
+    g = report.model_guard
+    assert g["samples"] == 4 and g["significance"] == 0.05 and g["metric"] == "mse"
+    assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
+    assert g["sign_test"] == {"better": 4, "worse": 0, "p": 1 / 16, "unit": "samples"}
+    assert g["kept"] == 0 and g["final"] == g["plain"]
+    assert "sign test p 0.0625" in g["result"]
+    for name, a in _arrays(tuned).items():
+        np.testing.assert_array_equal(a, _arrays(model)[name])
+    loose, rep = tune_model(model, cfg, calib,
+                            fast_finetune=opts.replace(guard_significance=1.0))
+    assert rep.model_guard["kept"] == rep.model_guard["layers"] > 0
+    assert rep.model_guard["final"] == rep.model_guard["finetuned"]
+    assert any(not np.array_equal(a, _arrays(model)[n]) for n, a in _arrays(loose).items())
+    # Under "argmax" the test counts argmax agreement alone: on 16 held-out samples the same
+    # kind of finetuning agrees with float on 15 (plain 13) and has a lower error, but it is
+    # fixes 3 positions (one per sample) and breaks 1 (p = 5/16): the plain weights stay.
+    _, rep = tune_model(model, cfg, _images(1, 64), fast_finetune=opts.replace(
+        guard_metric="argmax"))
+    g = rep.model_guard
+    assert g["finetuned"]["agreement"] == 15 / 16 and g["plain"]["agreement"] == 13 / 16
+    assert g["finetuned"]["rel_error"] < g["plain"]["rel_error"]
+    assert g["sign_test"] == {"better": 3, "worse": 1, "p": 5 / 16, "unit": "positions"}
+    assert g["kept"] == 0
+    # The CLI / Quark-style name.
+    assert FastFinetune.from_options({"GuardSignificance": 0.2}).guard_significance == 0.2
+    with pytest.raises(ValueError, match="guard_significance"):
+        FastFinetune(guard_significance=0.0)
+
+
+def test_model_guard_is_deterministic():
+    model = _small_cnn()
+    cfg = get_config("MXFP4E2M1").replace(activation=FormatSpec.from_name("MXINT8"), name="")
+    opts = FastFinetune(num_iterations=200, learning_rate=1e-3, guard_metric="mse")
+    runs = [tune_model(model, cfg, _images(1, 64), fast_finetune=opts) for _ in range(2)]
+    assert runs[0][1].model_guard == runs[1][1].model_guard
+    assert runs[0][1].model_guard["kept"] > 0
+    for ta, tb in zip(runs[0][0].graph.initializer, runs[1][0].graph.initializer):
+        np.testing.assert_array_equal(numpy_helper.to_array(ta), numpy_helper.to_array(tb))
