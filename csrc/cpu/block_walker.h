@@ -398,6 +398,31 @@ struct Walker {
     for (; a < n; a += sub) rows(a, [&] { return min64(n - a, sub); });
   }
 
+  // Rows [0, n) of a tile without sub-blocks, vector v of every row in the block whose shared
+  // exponent is s[v]: the fast form when every vector's block allows it.
+  MXOPS_VINL void whole_block_rows(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                                   int64_t nv, const I* s) const {
+    bool fast = true;
+    for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
+    if (fast) {
+      typename Pol::Fast prm[kTileVectors];
+      for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* row = px + j * inner;
+        T* out = py + j * inner;
+        for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply_fast(load(row + v * W), prm[v]));
+      }
+    } else {
+      Params prm[kTileVectors];
+      for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* row = px + j * inner;
+        T* out = py + j * inner;
+        for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
+      }
+    }
+  }
+
   // Blocked axis outer: the block of `n` rows `inner` apart from `base`, over `cols`
   // neighbouring columns, W columns per vector, rows read in order; the columns left over by
   // the scalar walker.
@@ -434,25 +459,7 @@ struct Walker {
       else if (fast) tile_sub_blocks<0, true>(pol, px, py, n, sub, inner, nv, s);
       else tile_sub_blocks<0, false>(pol, px, py, n, sub, inner, nv, s);
     } else {
-      bool fast = true;
-      for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
-      if (fast) {
-        typename Pol::Fast prm[kTileVectors];
-        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
-        for (int64_t j = 0; j < n; ++j) {
-          const T* row = px + j * inner;
-          T* out = py + j * inner;
-          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply_fast(load(row + v * W), prm[v]));
-        }
-      } else {
-        Params prm[kTileVectors];
-        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
-        for (int64_t j = 0; j < n; ++j) {
-          const T* row = px + j * inner;
-          T* out = py + j * inner;
-          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
-        }
-      }
+      whole_block_rows(pol, px, py, n, inner, nv, s);
     }
     if constexpr (W > 1)
       if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
@@ -613,25 +620,7 @@ struct Walker {
       pixel_params_tile(pol, px, py, n, inner, nv, k);
     } else {
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
-      bool fast = true;
-      for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
-      if (fast) {
-        typename Pol::Fast prm[kTileVectors];
-        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
-        for (int64_t j = 0; j < n; ++j) {
-          const T* row = px + j * inner;
-          T* out = py + j * inner;
-          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply_fast(load(row + v * W), prm[v]));
-        }
-      } else {
-        Params prm[kTileVectors];
-        for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
-        for (int64_t j = 0; j < n; ++j) {
-          const T* row = px + j * inner;
-          T* out = py + j * inner;
-          for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
-        }
-      }
+      whole_block_rows(pol, px, py, n, inner, nv, s);
     }
     if constexpr (W > 1)
       if (nv * W < cols) scalar().lanes_tile(base + nv * W, n, cols - nv * W);
