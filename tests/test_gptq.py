@@ -95,3 +95,22 @@ def test_weight_blocked_along_output_axis_falls_back():
     res, q = _run(layer, w, x, spec, 1, False)
     assert res.fallback
     np.testing.assert_array_equal(res.weight, q(w))
+
+
+def test_gptq_speed_benchmark_model_and_protocol(capsys):
+    # The benchmark's CNN has MobileNetV2's size at width 1 (3.49 M parameters with biases)
+    # and about 5.4 M at width 1.3; its float model runs, and a small one goes through the
+    # whole protocol (both quantizer calls, GPTQ reported on every Conv and the Gemm).
+    import onnxruntime as ort
+    from ort_mx_ops.benchmarks import gptq_speed
+    assert gptq_speed.parameter_count(gptq_speed.build_cnn(1.0)) == 3_487_816
+    assert 5.3e6 < gptq_speed.parameter_count(gptq_speed.build_cnn(1.3)) < 5.5e6
+    small = gptq_speed.build_cnn(0.25, resolution=32, classes=10)
+    sess = ort.InferenceSession(small.SerializeToString(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.ones((2, 3, 32, 32), np.float32)})[0]
+    assert y.shape == (2, 10) and np.isfinite(y).all()
+    r = gptq_speed.run(0.25, 32, 4, "MXINT8", None)
+    convs = sum(n.op_type in ("Conv", "Gemm") for n in small.graph.node)
+    assert r["layers"] == convs and r["gptq_s"] > 0 and "gptq" in r["timings_s"]
+    assert gptq_speed.main(["--width", "0.25", "--resolution", "32", "--calib", "4"]) == 0
+    assert "weight_rounding='gptq'" in capsys.readouterr().out
