@@ -407,6 +407,26 @@ struct Walker {
     if (fast) {
       typename Pol::Fast prm[kTileVectors];
       for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
+      if constexpr (Stream) {
+        // Two rows' results first, then each row's stores back to back: on the AMD EPYC
+        // development machine, streaming stores interleaved with the loads and arithmetic of
+        // the next vectors ran the 16 Mi outer walk at 0.3x Neg, stored this way at 0.7-0.9x
+        // (tile_sub_blocks does the same for the sub-blocks of MX9 / MX6 / MX4).
+        constexpr int64_t kRows = 2;
+        int64_t j = 0;
+        for (; j + kRows <= n; j += kRows) {
+          F r[kRows][kTileVectors];
+          for (int64_t v = 0; v < nv; ++v)
+            for (int64_t i = 0; i < kRows; ++i)
+              r[i][v] = pol.apply_fast(load(px + (j + i) * inner + v * W), prm[v]);
+          for (int64_t i = 0; i < kRows; ++i)
+            for (int64_t v = 0; v < nv; ++v) store(py + (j + i) * inner + v * W, r[i][v]);
+        }
+        for (; j < n; ++j)
+          for (int64_t v = 0; v < nv; ++v)
+            store(py + j * inner + v * W, pol.apply_fast(load(px + j * inner + v * W), prm[v]));
+        return;
+      }
       for (int64_t j = 0; j < n; ++j) {
         const T* row = px + j * inner;
         T* out = py + j * inner;
