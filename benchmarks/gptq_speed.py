@@ -92,17 +92,10 @@ def parameter_count(model: onnx.ModelProto) -> int:
     return sum(int(np.prod(t.dims)) for t in model.graph.initializer)
 
 
-class _Reader:
-    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
-        self.feeds = list(feeds)
-
-    def get_next(self) -> Optional[dict[str, np.ndarray]]:
-        return self.feeds.pop(0) if self.feeds else None
-
-
 def run(width: float, resolution: int, calib: int, config: str,
         activation: Optional[str]) -> dict[str, Any]:
     """Time round-to-nearest and GPTQ quantization of :func:`build_cnn`'s model."""
+    from ort_mx_ops.benchmarks.accuracy import _Reader
     from ort_mx_ops.quantizer import quantize_model
     model = build_cnn(width, resolution)
     rng = np.random.default_rng(1)

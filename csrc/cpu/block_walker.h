@@ -398,6 +398,16 @@ struct Walker {
     for (; a < n; a += sub) rows(a, [&] { return min64(n - a, sub); });
   }
 
+  // k[0..nv) = maximum key over rows [0, n) from p, per column.
+  static MXOPS_VINL void column_max(const Pol& pol, const T* p, int64_t n, int64_t inner,
+                                    int64_t nv, K* k) {
+    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(p + v * W));
+    for (int64_t j = 1; j < n; ++j) {
+      const T* row = p + j * inner;
+      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
+    }
+  }
+
   // Rows [0, n) of a tile without sub-blocks, vector v of every row in the block whose shared
   // exponent is s[v]: the fast form when every vector's block allows it.
   MXOPS_VINL void whole_block_rows(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
@@ -454,11 +464,7 @@ struct Walker {
     const int64_t nv = cols / W;
     K k[kTileVectors];
     I s[kTileVectors] = {};  // (initialised: GCC cannot see that s[v < nv] is always set)
-    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(px + v * W));
-    for (int64_t j = 1; j < n; ++j) {
-      const T* row = px + j * inner;
-      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
-    }
+    column_max(pol, px, n, inner, nv, k);
     for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
     // the next tile of these rows, for reading and for writing (not when streaming: the
     // stores do not read the lines), while this one is computed
@@ -508,16 +514,6 @@ struct Walker {
       for (int64_t i = 1; i < per; ++i) m = imax(m, k[v0 + i]);
       m = L::group_max(m, all_steps);
       for (int64_t i = 0; i < per; ++i) k[v0 + i] = m;
-    }
-  }
-
-  // k[0..nv) = maximum key over rows [0, n) from p, per column.
-  static MXOPS_VINL void column_max(const Pol& pol, const T* p, int64_t n, int64_t inner,
-                                    int64_t nv, K* k) {
-    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(p + v * W));
-    for (int64_t j = 1; j < n; ++j) {
-      const T* row = p + j * inner;
-      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
     }
   }
 
