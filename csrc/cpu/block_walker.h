@@ -143,6 +143,13 @@ struct BfpLanes {
     if constexpr (kDirect) return direct_round_element(x, p);
     else return to_bfp_element<Mode, Small>(x, p);
   }
+  // The plain form (the clamp alone, numerics.h) of a block that allows it: kPlain 0 none,
+  // 1 decided on the block's least key, 2 on that and its least bit pattern (as signed).
+  static constexpr int kPlain = kDirect ? 2 : 0;
+  MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
+    return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
+  }
+  MXOPS_VINL F apply_plain(F x, const Fast& p) const { return direct_round_element_plain(x, p); }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
 };
 
@@ -182,6 +189,7 @@ struct PrimeLanes {
   // Within the fast form, blocks whose subnormals round to 0 without the flush.
   MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(field(s), m, shift_bits)); }
   MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
+  static constexpr int kPlain = 0;
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
 };
 
@@ -217,6 +225,15 @@ struct MxLanes {
     if constexpr (kDirect) return mx_float_element_direct_signed(x, p, element);
     else if constexpr (kIntDirect) return direct_round_element(x, p);
     else return mx_element<Mode, Kind>(x, p, element);
+  }
+  static constexpr int kPlain = kDirect ? 1 : kIntDirect ? 2 : 0;
+  MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
+    if constexpr (kIntDirect) return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
+    else return L::all(keys_all_finite(min_key));
+  }
+  MXOPS_VINL F apply_plain(F x, const Fast& p) const {
+    if constexpr (kIntDirect) return direct_round_element_plain(x, p);
+    else return mx_float_element_direct_signed_finite(x, p, element);
   }
   MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
 };
@@ -453,6 +470,156 @@ struct Walker {
     }
   }
 
+  // The next tile of these rows, for reading and for writing (not when streaming: the stores
+  // do not read the lines), while this one is computed. px: the tile's first element, at
+  // column px - row start of its row.
+  static MXOPS_VINL void prefetch_next_tile(const T* px, T* py, int64_t n, int64_t inner,
+                                            int64_t cols, int64_t column) {
+    if (cols != kTileColumns || column + 2 * kTileColumns > inner) return;
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 2);
+        if constexpr (!Stream)
+          __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
+      }
+  }
+
+  // Rows [0, n) of a tile without sub-blocks, kCols column vectors at a time: their block
+  // maxima, their parameters, then their rows, so the parameters stay in registers (the
+  // row-wise walk of whole_block_rows reloads every vector's parameters from the stack: about
+  // twice the instructions per element on in-cache tensors). Two columns of float32 share a
+  // cache line, so each line is fetched once per pass. kN > 0: n, fixed at compile time for
+  // the block sizes of the built-in formats, so the loops over the rows unroll.
+  template <int64_t kN, int kCols>
+  MXOPS_VINL void column_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
+                                int64_t inner) const {
+    const int64_t n = kN > 0 ? kN : n_rows;
+    constexpr int kPlain = Pol::kPlain;
+    // Per column: the block's greatest key (its exponent) and, for the plain form, its least
+    // key and least bit pattern.
+    K k[kCols], kmin[kCols];
+    I bmin[kCols];
+    for (int c = 0; c < kCols; ++c) {
+      const F xv = load(col + c * W);
+      k[c] = pol.key(xv);
+      if constexpr (kPlain > 0) kmin[c] = k[c];
+      if constexpr (kPlain > 1) bmin[c] = as_int(f2u(xv));
+    }
+    const T* p = col;
+#pragma GCC unroll 2
+    for (int64_t j = 1; j < n; ++j) {
+      p += inner;
+      for (int c = 0; c < kCols; ++c) {
+        const F xv = load(p + c * W);
+        const K kv = pol.key(xv);
+        k[c] = imax(k[c], kv);
+        if constexpr (kPlain > 0) kmin[c] = imin(kmin[c], kv);
+        if constexpr (kPlain > 1) bmin[c] = imin(bmin[c], as_int(f2u(xv)));
+      }
+    }
+    // The second pass reads the rows again (from L1): keeping the first pass's vectors in
+    // registers instead spills them on AVX2's 16 registers.
+    __asm__ volatile("" ::: "memory");
+    I s[kCols];
+    bool fast = true;
+    for (int c = 0; c < kCols; ++c) {
+      s[c] = pol.exponent(k[c]);
+      fast = fast && pol.fast(s[c]);
+    }
+    p = col;
+    T* q = out;
+    if (fast) {
+      typename Pol::Fast prm[kCols];
+      for (int c = 0; c < kCols; ++c) prm[c] = pol.fast_params(s[c], s[c]);
+      if constexpr (kPlain > 0) {
+        bool plain = true;
+        for (int c = 0; c < kCols; ++c) plain = plain && pol.plain(prm[c], kmin[c], bmin[c]);
+        if (plain) {
+#pragma GCC unroll 4
+          for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
+            for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_plain(load(p + c * W), prm[c]));
+          return;
+        }
+      }
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
+        for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_fast(load(p + c * W), prm[c]));
+    } else {
+      for (int c = 0; c < kCols; ++c) {
+        const Params prm = pol.params(s[c], s[c]);
+        for (int64_t j = 0; j < n; ++j)
+          store(out + j * inner + c * W, pol.apply(load(col + j * inner + c * W), prm));
+      }
+    }
+  }
+
+  // column_blocks for the sub-blocks of to_bfp_prime: the block maxima of kCols column
+  // vectors, then their sub-blocks of `sub` rows in order, each sub-block's maximum and
+  // parameters from the rows it reads.
+  template <int64_t kN, int kCols>
+  MXOPS_VINL void column_sub_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
+                                    int64_t inner, int64_t sub) const {
+    const int64_t n = kN > 0 ? kN : n_rows;
+    K k[kCols];
+    for (int c = 0; c < kCols; ++c) k[c] = pol.key(load(col + c * W));
+    const T* p = col;
+#pragma GCC unroll 2
+    for (int64_t j = 1; j < n; ++j) {
+      p += inner;
+      for (int c = 0; c < kCols; ++c) k[c] = imax(k[c], pol.key(load(p + c * W)));
+    }
+    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
+    I s[kCols];
+    bool fast = true, normal = true;
+    for (int c = 0; c < kCols; ++c) {
+      s[c] = pol.exponent(k[c]);
+      fast = fast && pol.fast(s[c]);
+      normal = normal && pol.normal(s[c]);
+    }
+    if (fast && normal && sub == 2 && n % 2 == 0) {
+      p = col;
+      T* q = out;
+#pragma GCC unroll 2
+      for (int64_t j = 0; j < n; j += 2, p += 2 * inner, q += 2 * inner)
+        for (int c = 0; c < kCols; ++c) {
+          const F x0 = load(p + c * W), x1 = load(p + inner + c * W);
+          const auto prm = pol.fast_params(s[c], pol.exponent(imax(pol.key(x0), pol.key(x1))));
+          store(q + c * W, pol.apply_normal(x0, prm));
+          store(q + inner + c * W, pol.apply_normal(x1, prm));
+        }
+      return;
+    }
+    for (int c = 0; c < kCols; ++c)
+      for (int64_t a = 0; a < n; a += sub) {
+        const int64_t len = min64(sub, n - a);
+        const T* const rows = col + a * inner + c * W;
+        T* const outs = out + a * inner + c * W;
+        K km = pol.key(load(rows));
+        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(rows + j * inner)));
+        const I sm = pol.exponent(km);
+        if (fast) {
+          const auto prm = pol.fast_params(s[c], sm);
+          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply_fast(load(rows + j * inner), prm));
+        } else {
+          const Params prm = pol.params(s[c], sm);
+          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply(load(rows + j * inner), prm));
+        }
+      }
+  }
+
+  template <int64_t kN>
+  MXOPS_VINL void column_tile(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                              int64_t nv) const {
+    int64_t v = 0;
+    if constexpr (Pol::kSubBlocks) {
+      for (; v + 2 <= nv; v += 2) column_sub_blocks<kN, 2>(pol, px + v * W, py + v * W, n, inner, sub);
+      if (v < nv) column_sub_blocks<kN, 1>(pol, px + v * W, py + v * W, n, inner, sub);
+    } else {
+      for (; v + 2 <= nv; v += 2) column_blocks<kN, 2>(pol, px + v * W, py + v * W, n, inner);
+      if (v < nv) column_blocks<kN, 1>(pol, px + v * W, py + v * W, n, inner);
+    }
+  }
+
   // Blocked axis outer: the block of `n` rows `inner` apart from `base`, over `cols`
   // neighbouring columns, W columns per vector, rows read in order; the columns left over by
   // the scalar walker.
@@ -462,20 +629,23 @@ struct Walker {
     T* const py = y + base;
     const int64_t inner = this->inner, sub = this->sub;
     const int64_t nv = cols / W;
+    if constexpr (!Stream) {
+      prefetch_next_tile(px, py, n, inner, cols, base % inner);
+      switch (n) {
+        case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
+        case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
+        case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
+        default: column_tile<0>(pol, px, py, n, inner, nv); break;
+      }
+      if constexpr (W > 1)
+        if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
+      return;
+    }
     K k[kTileVectors];
     I s[kTileVectors] = {};  // (initialised: GCC cannot see that s[v < nv] is always set)
     column_max(pol, px, n, inner, nv, k);
     for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
-    // the next tile of these rows, for reading and for writing (not when streaming: the
-    // stores do not read the lines), while this one is computed
-    if (cols == kTileColumns && base % inner + 2 * kTileColumns <= inner) {
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 2);
-          if constexpr (!Stream)
-            __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
-        }
-    }
+    prefetch_next_tile(px, py, n, inner, cols, base % inner);
     if constexpr (Pol::kSubBlocks) {
       bool fast = true, normal = true;
       for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
