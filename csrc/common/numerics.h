@@ -592,6 +592,11 @@ MXOPS_HD LaneMask<I> direct_round_plain_block(I min_bits, const DirectRound<Lane
   return min_bits >= p.ntiny;
 }
 
+// A sufficient condition for direct_round_plain_block whatever the block's kd (<= 23 where
+// direct_round_block holds, so ntiny <= 0x80400001): no negative zero or subnormal x.
+template <class I>
+MXOPS_HD LaneMask<I> no_negative_tiny(I min_bits) { return min_bits >= static_cast<int32_t>(0x80800000u); }
+
 template <class F>
 MXOPS_HD F direct_round_element_plain(F x, const DirectRound<F>& p) {
   F r = (x + p.c) - p.c;

@@ -144,10 +144,14 @@ struct BfpLanes {
     else return to_bfp_element<Mode, Small>(x, p);
   }
   // The plain form (the clamp alone, numerics.h) of a block that allows it: kPlain 0 none,
-  // 1 decided on the block's least key, 2 on that and its least bit pattern (as signed).
+  // 1 decided on the block's least key, 2 on that and its least bit pattern (as signed);
+  // plain() with the block's parameters, plain_any() for any parameters of the fast form.
   static constexpr int kPlain = kDirect ? 2 : 0;
   MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
     return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
+  }
+  MXOPS_VINL bool plain_any(K min_key, I min_bits) const {
+    return L::all(keys_all_finite(min_key) & no_negative_tiny(min_bits));
   }
   MXOPS_VINL F apply_plain(F x, const Fast& p) const { return direct_round_element_plain(x, p); }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
@@ -229,6 +233,10 @@ struct MxLanes {
   static constexpr int kPlain = kDirect ? 1 : kIntDirect ? 2 : 0;
   MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
     if constexpr (kIntDirect) return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
+    else return L::all(keys_all_finite(min_key));
+  }
+  MXOPS_VINL bool plain_any(K min_key, I min_bits) const {
+    if constexpr (kIntDirect) return L::all(keys_all_finite(min_key) & no_negative_tiny(min_bits));
     else return L::all(keys_all_finite(min_key));
   }
   MXOPS_VINL F apply_plain(F x, const Fast& p) const {
@@ -702,34 +710,118 @@ struct Walker {
   }
 
   // lanes == W (every row vector is one pixel's W channels of a channel group) and no
-  // sub-blocks: the parameters of up to W pixels at once, pixel i in lane i of one vector,
-  // each then broadcast to its pixel's vectors. k[v]: pixel v's block maximum in every lane.
-  MXOPS_VINL void pixel_params_tile(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
-                                    int64_t nv, const K* k) const {
-    for (int64_t v0 = 0; v0 < nv; v0 += W) {
-      const int cnt = static_cast<int>(min64(W, nv - v0));
-      K kk = k[v0];  // lanes past cnt keep pixel v0's maximum
-      for (int i = 1; i < cnt; ++i) kk = L::blend_lane(kk, k[v0 + i], i);
-      const I s = pol.exponent(kk);
-      auto rows = [&](auto fast_tag) {
-        constexpr bool kFast = decltype(fast_tag)::value;
-        const auto prm = [&] {
-          if constexpr (kFast) return pol.fast_params(s, s);
-          else return pol.params(s, s);
-        }();
-        for (int i = 0; i < cnt; ++i) {
-          const auto pi = broadcast_lane(prm, i);
-          const T* col = px + (v0 + i) * W;
-          T* out = py + (v0 + i) * W;
-          for (int64_t j = 0; j < n; ++j) {
-            const F xv = load(col + j * inner);
-            if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pi));
-            else store(out + j * inner, pol.apply(xv, pi));
-          }
+  // sub-blocks: up to W pixels at once. Each pixel's column of n row vectors gives its block
+  // maximum (in lane i for pixel i of one vector), so the parameters of W pixels are computed
+  // once and broadcast to each pixel's vectors; then each pixel's rows, in the plain form
+  // where the whole group allows it (the conservative test that needs no parameters, as its
+  // minima run over all W pixels).
+  // kN > 0: n and kCnt > 0: cnt fixed at compile time (the rows and pixels unroll).
+  template <int64_t kN, int kCnt>
+  MXOPS_VINL void pixel_group(const Pol& pol, const T* px, T* py, int64_t n_rows, int64_t inner,
+                              int cnt_rt) const {
+    constexpr int kPlain = Pol::kPlain;
+    const int64_t n = kN > 0 ? kN : n_rows;
+    const int cnt = kCnt > 0 ? kCnt : cnt_rt;
+    K kk{}, kmin{};
+    I bmin{};
+#pragma GCC unroll 16
+    for (int i = 0; i < cnt; ++i) {
+      const T* p = px + i * W;
+      F xv = load(p);
+      K k = pol.key(xv);
+      if (i == 0) {
+        if constexpr (kPlain > 0) kmin = k;
+        if constexpr (kPlain > 1) bmin = as_int(f2u(xv));
+      }
+      if constexpr (kPlain > 0) kmin = imin(kmin, k);
+      if constexpr (kPlain > 1) bmin = imin(bmin, as_int(f2u(xv)));
+#pragma GCC unroll 4
+      for (int64_t j = 1; j < n; ++j) {
+        p += inner;
+        xv = load(p);
+        const K kv = pol.key(xv);
+        k = imax(k, kv);
+        if constexpr (kPlain > 0) kmin = imin(kmin, kv);
+        if constexpr (kPlain > 1) bmin = imin(bmin, as_int(f2u(xv)));
+      }
+      k = L::group_max(k, log2_exact(W));
+      kk = i == 0 ? k : L::blend_lane(kk, k, i);  // lanes past cnt keep the first pixel's maximum
+    }
+    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
+    const I s = pol.exponent(kk);
+    auto rows = [&](auto fast_tag, auto plain_tag) {
+      constexpr bool kFast = decltype(fast_tag)::value, kPlainRows = decltype(plain_tag)::value;
+      const auto prm = [&] {
+        if constexpr (kFast) return pol.fast_params(s, s);
+        else return pol.params(s, s);
+      }();
+#pragma GCC unroll 16
+      for (int i = 0; i < cnt; ++i) {
+        const auto pi = broadcast_lane(prm, i);
+        const T* col = px + i * W;
+        T* out = py + i * W;
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < n; ++j, col += inner, out += inner) {
+          const F xv = load(col);
+          if constexpr (kPlainRows) store(out, pol.apply_plain(xv, pi));
+          else if constexpr (kFast) store(out, pol.apply_fast(xv, pi));
+          else store(out, pol.apply(xv, pi));
+        }
+      }
+    };
+    if (!pol.fast(s)) {
+      rows(std::false_type{}, std::false_type{});
+    } else if constexpr (kPlain > 0) {
+      if (pol.plain_any(kmin, bmin)) rows(std::true_type{}, std::true_type{});
+      else rows(std::true_type{}, std::false_type{});
+    } else {
+      rows(std::true_type{}, std::false_type{});
+    }
+  }
+
+  MXOPS_VINL void pixel_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                               int64_t nv) const {
+    int64_t v0 = 0;
+    if (n == 4)
+      for (; v0 + W <= nv; v0 += W) pixel_group<4, W>(pol, px + v0 * W, py + v0 * W, n, inner, W);
+    else if (n == 2)
+      for (; v0 + W <= nv; v0 += W) pixel_group<2, W>(pol, px + v0 * W, py + v0 * W, n, inner, W);
+    for (; v0 < nv; v0 += W)
+      pixel_group<0, 0>(pol, px + v0 * W, py + v0 * W, n, inner, static_cast<int>(min64(W, nv - v0)));
+  }
+
+  // The sub-blocks of to_bfp_prime in the NCHWc view where a block's lanes columns and a
+  // sub-block's sub <= lanes columns lie in one vector (lanes <= W): per column vector, its
+  // blocks' maxima over the n rows and its groups of lanes, then each row vector's sub-block
+  // maxima and its result, all in registers. kN > 0: n fixed at compile time; kSteps >= 0:
+  // log2(lanes) and log2(sub) likewise (the lane maxima without branches).
+  template <int64_t kN, int kBlockSteps, int kSubSteps>
+  MXOPS_VINL void lanes_column_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n_rows,
+                                          int64_t inner, int64_t nv) const {
+    const int64_t n = kN > 0 ? kN : n_rows;
+    const int block_steps = kBlockSteps >= 0 ? kBlockSteps : log2_exact(lanes);
+    const int sub_steps = kSubSteps >= 0 ? kSubSteps : log2_exact(sub);
+    for (int64_t v = 0; v < nv; ++v) {
+      const T* const col = px + v * W;
+      T* const out = py + v * W;
+      K k = pol.key(load(col));
+#pragma GCC unroll 4
+      for (int64_t j = 1; j < n; ++j) k = imax(k, pol.key(load(col + j * inner)));
+      const I s = pol.exponent(L::group_max(k, block_steps));
+      auto rows = [&](auto fast_tag, auto normal_tag) {
+        constexpr bool kFast = decltype(fast_tag)::value, kNormal = decltype(normal_tag)::value;
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < n; ++j) {
+          const F xv = load(col + j * inner);
+          const I sm = pol.exponent(L::group_max(pol.key(xv), sub_steps));
+          if constexpr (kNormal) store(out + j * inner, pol.apply_normal(xv, pol.fast_params(s, sm)));
+          else if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pol.fast_params(s, sm)));
+          else store(out + j * inner, pol.apply(xv, pol.params(s, sm)));
         }
       };
-      if (pol.fast(s)) rows(std::true_type{});
-      else rows(std::false_type{});
+      if (!pol.fast(s)) rows(std::false_type{}, std::false_type{});
+      else if (pol.normal(s)) rows(std::true_type{}, std::true_type{});
+      else rows(std::true_type{}, std::false_type{});
     }
   }
 
@@ -787,6 +879,24 @@ struct Walker {
     // whole vectors: whole groups of lanes columns (lanes <= W: W / lanes groups each; else
     // lanes / W vectors per group, cols a multiple of lanes)
     const int64_t nv = cols / W;
+    if constexpr (W > 1) {
+      bool done = false;
+      if constexpr (Pol::kSubBlocks) {
+        if (lanes <= W && sub <= lanes) {
+          constexpr int kWSteps = W == 16 ? 4 : W == 8 ? 3 : 0;
+          if (n == 2 && lanes == W && sub == 2) lanes_column_sub_blocks<2, kWSteps, 1>(pol, px, py, n, inner, nv);
+          else lanes_column_sub_blocks<0, -1, -1>(pol, px, py, n, inner, nv);
+          done = true;
+        }
+      } else if (lanes == W) {
+        pixel_blocks(pol, px, py, n, inner, nv);
+        done = true;
+      }
+      if (done) {
+        if (nv * W < cols) scalar().lanes_tile(base + nv * W, n, cols - nv * W);
+        return;
+      }
+    }
     K k[kTileVectors];
     I s[kTileVectors] = {};
     column_max(pol, px, n, inner, nv, k);
@@ -802,8 +912,6 @@ struct Walker {
       if (fast && normal) lanes_sub_blocks<true, true>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else if (fast) lanes_sub_blocks<true, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else lanes_sub_blocks<false, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
-    } else if (W > 1 && lanes == W) {
-      pixel_params_tile(pol, px, py, n, inner, nv, k);
     } else {
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
       whole_block_rows(pol, px, py, n, inner, nv, s);
