@@ -308,6 +308,42 @@ struct Walker {
     }
   }
 
+  // W blocks of one vector each (bs == W, no sub-blocks) from p: their maxima in one vector
+  // (transpose_max), their parameters once, each block's broadcast to its vector; the plain
+  // form where all W blocks allow it.
+  MXOPS_VINL void blocks_of_vectors(const Pol& pol, const T* p, T* q) const {
+    constexpr int kPlain = Pol::kPlain;
+    K keys[W];
+    K kmin{};
+    I bmin{};
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) {
+      prefetch(p + i * W, q + i * W);
+      const F v = load(p + i * W);
+      keys[i] = pol.key(v);
+      if constexpr (kPlain > 0) kmin = i == 0 ? keys[i] : imin(kmin, keys[i]);
+      if constexpr (kPlain > 1) bmin = i == 0 ? as_int(f2u(v)) : imin(bmin, as_int(f2u(v)));
+    }
+    const I s = pol.exponent(L::transpose_max(keys));
+    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
+    auto each = [&](const auto& prm, auto apply) {
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) store(q + i * W, apply(load(p + i * W), broadcast_lane(prm, i)));
+    };
+    if (pol.fast(s)) {
+      const auto prm = pol.fast_params(s, s);
+      if constexpr (kPlain > 0) {
+        if (pol.plain_any(kmin, bmin)) {
+          each(prm, [&](F v, const auto& pi) { return pol.apply_plain(v, pi); });
+          return;
+        }
+      }
+      each(prm, [&](F v, const auto& pi) { return pol.apply_fast(v, pi); });
+    } else {
+      each(pol.params(s, s), [&](F v, const auto& pi) { return pol.apply(v, pi); });
+    }
+  }
+
   // Blocked axis innermost, blocks of a power-of-two size and (to_bfp_prime) sub-blocks of a
   // power of two <= W: `n` elements from `base`, the last partial group by the scalar walker.
   void contiguous_groups(int64_t base, int64_t n) const {
@@ -343,6 +379,36 @@ struct Walker {
         for (int64_t i = 0; i < nv; ++i) store(q + i * W, pol.apply(load(p + i * W), prm));
       }
     };
+    if constexpr (!Pol::kSubBlocks && W > 1) {
+      if (bs == W) {
+        // One block per vector: its maximum over all lanes (a fixed number of steps), its
+        // parameters, and the plain form where its own lanes allow it.
+        constexpr int kWSteps = W == 16 ? 4 : 3;
+        int64_t g0 = 0;
+        for (; g0 + W * W <= n_simd; g0 += W * W) blocks_of_vectors(pol, px + g0, py + g0);
+        for (int64_t g = g0; g < n_simd; g += W) {
+          prefetch(px + g, py + g);
+          const F v = load(px + g);
+          const K key = pol.key(v);
+          const I s = pol.exponent(L::group_max(key, kWSteps));
+          if (pol.fast(s)) {
+            const auto prm = pol.fast_params(s, s);
+            if constexpr (Pol::kPlain > 0) {
+              if (pol.plain(prm, key, as_int(f2u(v)))) {
+                store(py + g, pol.apply_plain(v, prm));
+                continue;
+              }
+            }
+            store(py + g, pol.apply_fast(v, prm));
+          } else {
+            store(py + g, pol.apply(v, pol.params(s, s)));
+          }
+        }
+        const auto tail = scalar();
+        for (int64_t j0 = n_simd; j0 < n; j0 += bs) tail.block(base + j0, min64(bs, n - j0), 1);
+        return;
+      }
+    }
     if (bs >= W) {
       const int64_t nv = bs / W;
       for (int64_t g = 0; g < n_simd; g += group) {
