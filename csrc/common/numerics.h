@@ -580,6 +580,30 @@ MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, floa
   return p;
 }
 
+// direct_round_element for a block whose every x is finite and not below ntiny (as signed
+// bits): the sign fix-up and the pass-through below change nothing there, so the clamp alone
+// gives the same bits. min_key: the block's least finite_exponent_key (below 2^24 exactly for
+// Inf / NaN); min_bits: the least of its bit patterns as signed integers.
+template <class U>
+MXOPS_HD LaneMask<U> keys_all_finite(U min_key) { return min_key >= 0x01000000u; }
+
+template <class I>
+MXOPS_HD LaneMask<I> direct_round_plain_block(I min_bits, const DirectRound<LaneF<I>>& p) {
+  return min_bits >= p.ntiny;
+}
+
+// A sufficient condition for direct_round_plain_block whatever the block's kd (<= 23 where
+// direct_round_block holds, so ntiny <= 0x80400001): no negative zero or subnormal x.
+template <class I>
+MXOPS_HD LaneMask<I> no_negative_tiny(I min_bits) { return min_bits >= static_cast<int32_t>(0x80800000u); }
+
+template <class F>
+MXOPS_HD F direct_round_element_plain(F x, const DirectRound<F>& p) {
+  F r = (x + p.c) - p.c;
+  r = select(r > p.hi, p.hi, r);
+  return select(r < p.lo, p.lo, r);
+}
+
 // Written with no other constant than the params (so that a walk that computes them per
 // block keeps everything in registers): the negative x of x * 2^-kd = -0 are the bit patterns
 // 0x80000000 ... 0x80000000 + tiny, i.e. the signed ones below ntiny, where the sign goes
@@ -587,9 +611,7 @@ MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, floa
 template <class F>
 MXOPS_HD F direct_round_element(F x, const DirectRound<F>& p) {
   using U = LaneU<F>;
-  F r = (x + p.c) - p.c;
-  r = select(r > p.hi, p.hi, r);
-  r = select(r < p.lo, p.lo, r);
+  const F r = direct_round_element_plain(x, p);
   const U negative_zero = select(p.ntiny > as_int(f2u(x)), splat<U>(0xffffffffu), splat<U>(0u)) << 31;
   const F y = u2f(f2u(r) | negative_zero);
   const F d = x - x;
@@ -639,17 +661,23 @@ MXOPS_HD MxDirectSigned<LaneF<I>> mx_direct_signed_params(I s, const MxElement& 
   return p;
 }
 
+// mx_float_element_direct_signed for a block of finite elements only (keys_all_finite).
 template <class F>
-MXOPS_HD F mx_float_element_direct_signed(F x, const MxDirectSigned<F>& p, const MxElement& f) {
+MXOPS_HD F mx_float_element_direct_signed_finite(F x, const MxDirectSigned<F>& p, const MxElement& f) {
   using U = LaneU<F>;
   const U u = f2u(x);
-  const U e = u & 0x7f800000u;
-  const U c_bits = (imax(e, p.lo) + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23)) | (u & 0x80000000u);
+  const U c_bits = (imax(u & 0x7f800000u, p.lo) + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23)) |
+                   (u & 0x80000000u);
   const F c = u2f(c_bits);
   F r = (x + c) - c;
   r = select(r > p.max_v, p.max_v, r);
-  r = select(r < p.min_v, p.min_v, r);
-  return select(e == 0x7f800000u, x, r);  // Inf / NaN pass through
+  return select(r < p.min_v, p.min_v, r);
+}
+
+template <class F>
+MXOPS_HD F mx_float_element_direct_signed(F x, const MxDirectSigned<F>& p, const MxElement& f) {
+  const F r = mx_float_element_direct_signed_finite(x, p, f);
+  return select((f2u(x) & 0x7f800000u) == 0x7f800000u, x, r);  // Inf / NaN pass through
 }
 
 // ------------------------------------------------------------------------------------------

@@ -143,6 +143,17 @@ struct BfpLanes {
     if constexpr (kDirect) return direct_round_element(x, p);
     else return to_bfp_element<Mode, Small>(x, p);
   }
+  // The plain form (the clamp alone, numerics.h) of a block that allows it: kPlain 0 none,
+  // 1 decided on the block's least key, 2 on that and its least bit pattern (as signed);
+  // plain() with the block's parameters, plain_any() for any parameters of the fast form.
+  static constexpr int kPlain = kDirect ? 2 : 0;
+  MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
+    return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
+  }
+  MXOPS_VINL bool plain_any(K min_key, I min_bits) const {
+    return L::all(keys_all_finite(min_key) & no_negative_tiny(min_bits));
+  }
+  MXOPS_VINL F apply_plain(F x, const Fast& p) const { return direct_round_element_plain(x, p); }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
 };
 
@@ -182,6 +193,7 @@ struct PrimeLanes {
   // Within the fast form, blocks whose subnormals round to 0 without the flush.
   MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(field(s), m, shift_bits)); }
   MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
+  static constexpr int kPlain = 0;
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
 };
 
@@ -217,6 +229,19 @@ struct MxLanes {
     if constexpr (kDirect) return mx_float_element_direct_signed(x, p, element);
     else if constexpr (kIntDirect) return direct_round_element(x, p);
     else return mx_element<Mode, Kind>(x, p, element);
+  }
+  static constexpr int kPlain = kDirect ? 1 : kIntDirect ? 2 : 0;
+  MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
+    if constexpr (kIntDirect) return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
+    else return L::all(keys_all_finite(min_key));
+  }
+  MXOPS_VINL bool plain_any(K min_key, I min_bits) const {
+    if constexpr (kIntDirect) return L::all(keys_all_finite(min_key) & no_negative_tiny(min_bits));
+    else return L::all(keys_all_finite(min_key));
+  }
+  MXOPS_VINL F apply_plain(F x, const Fast& p) const {
+    if constexpr (kIntDirect) return direct_round_element_plain(x, p);
+    else return mx_float_element_direct_signed_finite(x, p, element);
   }
   MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
 };
@@ -283,6 +308,42 @@ struct Walker {
     }
   }
 
+  // W blocks of one vector each (bs == W, no sub-blocks) from p: their maxima in one vector
+  // (transpose_max), their parameters once, each block's broadcast to its vector; the plain
+  // form where all W blocks allow it.
+  MXOPS_VINL void blocks_of_vectors(const Pol& pol, const T* p, T* q) const {
+    constexpr int kPlain = Pol::kPlain;
+    K keys[W];
+    K kmin{};
+    I bmin{};
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) {
+      prefetch(p + i * W, q + i * W);
+      const F v = load(p + i * W);
+      keys[i] = pol.key(v);
+      if constexpr (kPlain > 0) kmin = i == 0 ? keys[i] : imin(kmin, keys[i]);
+      if constexpr (kPlain > 1) bmin = i == 0 ? as_int(f2u(v)) : imin(bmin, as_int(f2u(v)));
+    }
+    const I s = pol.exponent(L::transpose_max(keys));
+    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
+    auto each = [&](const auto& prm, auto apply) {
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) store(q + i * W, apply(load(p + i * W), broadcast_lane(prm, i)));
+    };
+    if (pol.fast(s)) {
+      const auto prm = pol.fast_params(s, s);
+      if constexpr (kPlain > 0) {
+        if (pol.plain_any(kmin, bmin)) {
+          each(prm, [&](F v, const auto& pi) { return pol.apply_plain(v, pi); });
+          return;
+        }
+      }
+      each(prm, [&](F v, const auto& pi) { return pol.apply_fast(v, pi); });
+    } else {
+      each(pol.params(s, s), [&](F v, const auto& pi) { return pol.apply(v, pi); });
+    }
+  }
+
   // Blocked axis innermost, blocks of a power-of-two size and (to_bfp_prime) sub-blocks of a
   // power of two <= W: `n` elements from `base`, the last partial group by the scalar walker.
   void contiguous_groups(int64_t base, int64_t n) const {
@@ -318,6 +379,36 @@ struct Walker {
         for (int64_t i = 0; i < nv; ++i) store(q + i * W, pol.apply(load(p + i * W), prm));
       }
     };
+    if constexpr (!Pol::kSubBlocks && W > 1) {
+      if (bs == W) {
+        // One block per vector: its maximum over all lanes (a fixed number of steps), its
+        // parameters, and the plain form where its own lanes allow it.
+        constexpr int kWSteps = W == 16 ? 4 : 3;
+        int64_t g0 = 0;
+        for (; g0 + W * W <= n_simd; g0 += W * W) blocks_of_vectors(pol, px + g0, py + g0);
+        for (int64_t g = g0; g < n_simd; g += W) {
+          prefetch(px + g, py + g);
+          const F v = load(px + g);
+          const K key = pol.key(v);
+          const I s = pol.exponent(L::group_max(key, kWSteps));
+          if (pol.fast(s)) {
+            const auto prm = pol.fast_params(s, s);
+            if constexpr (Pol::kPlain > 0) {
+              if (pol.plain(prm, key, as_int(f2u(v)))) {
+                store(py + g, pol.apply_plain(v, prm));
+                continue;
+              }
+            }
+            store(py + g, pol.apply_fast(v, prm));
+          } else {
+            store(py + g, pol.apply(v, pol.params(s, s)));
+          }
+        }
+        const auto tail = scalar();
+        for (int64_t j0 = n_simd; j0 < n; j0 += bs) tail.block(base + j0, min64(bs, n - j0), 1);
+        return;
+      }
+    }
     if (bs >= W) {
       const int64_t nv = bs / W;
       for (int64_t g = 0; g < n_simd; g += group) {
@@ -453,6 +544,156 @@ struct Walker {
     }
   }
 
+  // The next tile of these rows, for reading and for writing (not when streaming: the stores
+  // do not read the lines), while this one is computed. px: the tile's first element, at
+  // column px - row start of its row.
+  static MXOPS_VINL void prefetch_next_tile(const T* px, T* py, int64_t n, int64_t inner,
+                                            int64_t cols, int64_t column) {
+    if (cols != kTileColumns || column + 2 * kTileColumns > inner) return;
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 2);
+        if constexpr (!Stream)
+          __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
+      }
+  }
+
+  // Rows [0, n) of a tile without sub-blocks, kCols column vectors at a time: their block
+  // maxima, their parameters, then their rows, so the parameters stay in registers (the
+  // row-wise walk of whole_block_rows reloads every vector's parameters from the stack: about
+  // twice the instructions per element on in-cache tensors). Two columns of float32 share a
+  // cache line, so each line is fetched once per pass. kN > 0: n, fixed at compile time for
+  // the block sizes of the built-in formats, so the loops over the rows unroll.
+  template <int64_t kN, int kCols>
+  MXOPS_VINL void column_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
+                                int64_t inner) const {
+    const int64_t n = kN > 0 ? kN : n_rows;
+    constexpr int kPlain = Pol::kPlain;
+    // Per column: the block's greatest key (its exponent) and, for the plain form, its least
+    // key and least bit pattern.
+    K k[kCols], kmin[kCols];
+    I bmin[kCols];
+    for (int c = 0; c < kCols; ++c) {
+      const F xv = load(col + c * W);
+      k[c] = pol.key(xv);
+      if constexpr (kPlain > 0) kmin[c] = k[c];
+      if constexpr (kPlain > 1) bmin[c] = as_int(f2u(xv));
+    }
+    const T* p = col;
+#pragma GCC unroll 2
+    for (int64_t j = 1; j < n; ++j) {
+      p += inner;
+      for (int c = 0; c < kCols; ++c) {
+        const F xv = load(p + c * W);
+        const K kv = pol.key(xv);
+        k[c] = imax(k[c], kv);
+        if constexpr (kPlain > 0) kmin[c] = imin(kmin[c], kv);
+        if constexpr (kPlain > 1) bmin[c] = imin(bmin[c], as_int(f2u(xv)));
+      }
+    }
+    // The second pass reads the rows again (from L1): keeping the first pass's vectors in
+    // registers instead spills them on AVX2's 16 registers.
+    __asm__ volatile("" ::: "memory");
+    I s[kCols];
+    bool fast = true;
+    for (int c = 0; c < kCols; ++c) {
+      s[c] = pol.exponent(k[c]);
+      fast = fast && pol.fast(s[c]);
+    }
+    p = col;
+    T* q = out;
+    if (fast) {
+      typename Pol::Fast prm[kCols];
+      for (int c = 0; c < kCols; ++c) prm[c] = pol.fast_params(s[c], s[c]);
+      if constexpr (kPlain > 0) {
+        bool plain = true;
+        for (int c = 0; c < kCols; ++c) plain = plain && pol.plain(prm[c], kmin[c], bmin[c]);
+        if (plain) {
+#pragma GCC unroll 4
+          for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
+            for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_plain(load(p + c * W), prm[c]));
+          return;
+        }
+      }
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
+        for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_fast(load(p + c * W), prm[c]));
+    } else {
+      for (int c = 0; c < kCols; ++c) {
+        const Params prm = pol.params(s[c], s[c]);
+        for (int64_t j = 0; j < n; ++j)
+          store(out + j * inner + c * W, pol.apply(load(col + j * inner + c * W), prm));
+      }
+    }
+  }
+
+  // column_blocks for the sub-blocks of to_bfp_prime: the block maxima of kCols column
+  // vectors, then their sub-blocks of `sub` rows in order, each sub-block's maximum and
+  // parameters from the rows it reads.
+  template <int64_t kN, int kCols>
+  MXOPS_VINL void column_sub_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
+                                    int64_t inner, int64_t sub) const {
+    const int64_t n = kN > 0 ? kN : n_rows;
+    K k[kCols];
+    for (int c = 0; c < kCols; ++c) k[c] = pol.key(load(col + c * W));
+    const T* p = col;
+#pragma GCC unroll 2
+    for (int64_t j = 1; j < n; ++j) {
+      p += inner;
+      for (int c = 0; c < kCols; ++c) k[c] = imax(k[c], pol.key(load(p + c * W)));
+    }
+    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
+    I s[kCols];
+    bool fast = true, normal = true;
+    for (int c = 0; c < kCols; ++c) {
+      s[c] = pol.exponent(k[c]);
+      fast = fast && pol.fast(s[c]);
+      normal = normal && pol.normal(s[c]);
+    }
+    if (fast && normal && sub == 2 && n % 2 == 0) {
+      p = col;
+      T* q = out;
+#pragma GCC unroll 2
+      for (int64_t j = 0; j < n; j += 2, p += 2 * inner, q += 2 * inner)
+        for (int c = 0; c < kCols; ++c) {
+          const F x0 = load(p + c * W), x1 = load(p + inner + c * W);
+          const auto prm = pol.fast_params(s[c], pol.exponent(imax(pol.key(x0), pol.key(x1))));
+          store(q + c * W, pol.apply_normal(x0, prm));
+          store(q + inner + c * W, pol.apply_normal(x1, prm));
+        }
+      return;
+    }
+    for (int c = 0; c < kCols; ++c)
+      for (int64_t a = 0; a < n; a += sub) {
+        const int64_t len = min64(sub, n - a);
+        const T* const rows = col + a * inner + c * W;
+        T* const outs = out + a * inner + c * W;
+        K km = pol.key(load(rows));
+        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(rows + j * inner)));
+        const I sm = pol.exponent(km);
+        if (fast) {
+          const auto prm = pol.fast_params(s[c], sm);
+          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply_fast(load(rows + j * inner), prm));
+        } else {
+          const Params prm = pol.params(s[c], sm);
+          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply(load(rows + j * inner), prm));
+        }
+      }
+  }
+
+  template <int64_t kN>
+  MXOPS_VINL void column_tile(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                              int64_t nv) const {
+    int64_t v = 0;
+    if constexpr (Pol::kSubBlocks) {
+      for (; v + 2 <= nv; v += 2) column_sub_blocks<kN, 2>(pol, px + v * W, py + v * W, n, inner, sub);
+      if (v < nv) column_sub_blocks<kN, 1>(pol, px + v * W, py + v * W, n, inner, sub);
+    } else {
+      for (; v + 2 <= nv; v += 2) column_blocks<kN, 2>(pol, px + v * W, py + v * W, n, inner);
+      if (v < nv) column_blocks<kN, 1>(pol, px + v * W, py + v * W, n, inner);
+    }
+  }
+
   // Blocked axis outer: the block of `n` rows `inner` apart from `base`, over `cols`
   // neighbouring columns, W columns per vector, rows read in order; the columns left over by
   // the scalar walker.
@@ -462,20 +703,23 @@ struct Walker {
     T* const py = y + base;
     const int64_t inner = this->inner, sub = this->sub;
     const int64_t nv = cols / W;
+    if constexpr (!Stream) {
+      prefetch_next_tile(px, py, n, inner, cols, base % inner);
+      switch (n) {
+        case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
+        case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
+        case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
+        default: column_tile<0>(pol, px, py, n, inner, nv); break;
+      }
+      if constexpr (W > 1)
+        if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
+      return;
+    }
     K k[kTileVectors];
     I s[kTileVectors] = {};  // (initialised: GCC cannot see that s[v < nv] is always set)
     column_max(pol, px, n, inner, nv, k);
     for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
-    // the next tile of these rows, for reading and for writing (not when streaming: the
-    // stores do not read the lines), while this one is computed
-    if (cols == kTileColumns && base % inner + 2 * kTileColumns <= inner) {
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t c = 0; c < kTileColumns * int64_t(sizeof(T)); c += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(px + j * inner + kTileColumns) + c, 0, 2);
-          if constexpr (!Stream)
-            __builtin_prefetch(reinterpret_cast<char*>(py + j * inner + kTileColumns) + c, 1, 2);
-        }
-    }
+    prefetch_next_tile(px, py, n, inner, cols, base % inner);
     if constexpr (Pol::kSubBlocks) {
       bool fast = true, normal = true;
       for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
@@ -532,34 +776,118 @@ struct Walker {
   }
 
   // lanes == W (every row vector is one pixel's W channels of a channel group) and no
-  // sub-blocks: the parameters of up to W pixels at once, pixel i in lane i of one vector,
-  // each then broadcast to its pixel's vectors. k[v]: pixel v's block maximum in every lane.
-  MXOPS_VINL void pixel_params_tile(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
-                                    int64_t nv, const K* k) const {
-    for (int64_t v0 = 0; v0 < nv; v0 += W) {
-      const int cnt = static_cast<int>(min64(W, nv - v0));
-      K kk = k[v0];  // lanes past cnt keep pixel v0's maximum
-      for (int i = 1; i < cnt; ++i) kk = L::blend_lane(kk, k[v0 + i], i);
-      const I s = pol.exponent(kk);
-      auto rows = [&](auto fast_tag) {
-        constexpr bool kFast = decltype(fast_tag)::value;
-        const auto prm = [&] {
-          if constexpr (kFast) return pol.fast_params(s, s);
-          else return pol.params(s, s);
-        }();
-        for (int i = 0; i < cnt; ++i) {
-          const auto pi = broadcast_lane(prm, i);
-          const T* col = px + (v0 + i) * W;
-          T* out = py + (v0 + i) * W;
-          for (int64_t j = 0; j < n; ++j) {
-            const F xv = load(col + j * inner);
-            if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pi));
-            else store(out + j * inner, pol.apply(xv, pi));
-          }
+  // sub-blocks: up to W pixels at once. Each pixel's column of n row vectors gives its block
+  // maximum (in lane i for pixel i of one vector), so the parameters of W pixels are computed
+  // once and broadcast to each pixel's vectors; then each pixel's rows, in the plain form
+  // where the whole group allows it (the conservative test that needs no parameters, as its
+  // minima run over all W pixels).
+  // kN > 0: n and kCnt > 0: cnt fixed at compile time (the rows and pixels unroll).
+  template <int64_t kN, int kCnt>
+  MXOPS_VINL void pixel_group(const Pol& pol, const T* px, T* py, int64_t n_rows, int64_t inner,
+                              int cnt_rt) const {
+    constexpr int kPlain = Pol::kPlain;
+    const int64_t n = kN > 0 ? kN : n_rows;
+    const int cnt = kCnt > 0 ? kCnt : cnt_rt;
+    K kk{}, kmin{};
+    I bmin{};
+#pragma GCC unroll 16
+    for (int i = 0; i < cnt; ++i) {
+      const T* p = px + i * W;
+      F xv = load(p);
+      K k = pol.key(xv);
+      if (i == 0) {
+        if constexpr (kPlain > 0) kmin = k;
+        if constexpr (kPlain > 1) bmin = as_int(f2u(xv));
+      }
+      if constexpr (kPlain > 0) kmin = imin(kmin, k);
+      if constexpr (kPlain > 1) bmin = imin(bmin, as_int(f2u(xv)));
+#pragma GCC unroll 4
+      for (int64_t j = 1; j < n; ++j) {
+        p += inner;
+        xv = load(p);
+        const K kv = pol.key(xv);
+        k = imax(k, kv);
+        if constexpr (kPlain > 0) kmin = imin(kmin, kv);
+        if constexpr (kPlain > 1) bmin = imin(bmin, as_int(f2u(xv)));
+      }
+      k = L::group_max(k, log2_exact(W));
+      kk = i == 0 ? k : L::blend_lane(kk, k, i);  // lanes past cnt keep the first pixel's maximum
+    }
+    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
+    const I s = pol.exponent(kk);
+    auto rows = [&](auto fast_tag, auto plain_tag) {
+      constexpr bool kFast = decltype(fast_tag)::value, kPlainRows = decltype(plain_tag)::value;
+      const auto prm = [&] {
+        if constexpr (kFast) return pol.fast_params(s, s);
+        else return pol.params(s, s);
+      }();
+#pragma GCC unroll 16
+      for (int i = 0; i < cnt; ++i) {
+        const auto pi = broadcast_lane(prm, i);
+        const T* col = px + i * W;
+        T* out = py + i * W;
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < n; ++j, col += inner, out += inner) {
+          const F xv = load(col);
+          if constexpr (kPlainRows) store(out, pol.apply_plain(xv, pi));
+          else if constexpr (kFast) store(out, pol.apply_fast(xv, pi));
+          else store(out, pol.apply(xv, pi));
+        }
+      }
+    };
+    if (!pol.fast(s)) {
+      rows(std::false_type{}, std::false_type{});
+    } else if constexpr (kPlain > 0) {
+      if (pol.plain_any(kmin, bmin)) rows(std::true_type{}, std::true_type{});
+      else rows(std::true_type{}, std::false_type{});
+    } else {
+      rows(std::true_type{}, std::false_type{});
+    }
+  }
+
+  MXOPS_VINL void pixel_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
+                               int64_t nv) const {
+    int64_t v0 = 0;
+    if (n == 4)
+      for (; v0 + W <= nv; v0 += W) pixel_group<4, W>(pol, px + v0 * W, py + v0 * W, n, inner, W);
+    else if (n == 2)
+      for (; v0 + W <= nv; v0 += W) pixel_group<2, W>(pol, px + v0 * W, py + v0 * W, n, inner, W);
+    for (; v0 < nv; v0 += W)
+      pixel_group<0, 0>(pol, px + v0 * W, py + v0 * W, n, inner, static_cast<int>(min64(W, nv - v0)));
+  }
+
+  // The sub-blocks of to_bfp_prime in the NCHWc view where a block's lanes columns and a
+  // sub-block's sub <= lanes columns lie in one vector (lanes <= W): per column vector, its
+  // blocks' maxima over the n rows and its groups of lanes, then each row vector's sub-block
+  // maxima and its result, all in registers. kN > 0: n fixed at compile time; kSteps >= 0:
+  // log2(lanes) and log2(sub) likewise (the lane maxima without branches).
+  template <int64_t kN, int kBlockSteps, int kSubSteps>
+  MXOPS_VINL void lanes_column_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n_rows,
+                                          int64_t inner, int64_t nv) const {
+    const int64_t n = kN > 0 ? kN : n_rows;
+    const int block_steps = kBlockSteps >= 0 ? kBlockSteps : log2_exact(lanes);
+    const int sub_steps = kSubSteps >= 0 ? kSubSteps : log2_exact(sub);
+    for (int64_t v = 0; v < nv; ++v) {
+      const T* const col = px + v * W;
+      T* const out = py + v * W;
+      K k = pol.key(load(col));
+#pragma GCC unroll 4
+      for (int64_t j = 1; j < n; ++j) k = imax(k, pol.key(load(col + j * inner)));
+      const I s = pol.exponent(L::group_max(k, block_steps));
+      auto rows = [&](auto fast_tag, auto normal_tag) {
+        constexpr bool kFast = decltype(fast_tag)::value, kNormal = decltype(normal_tag)::value;
+#pragma GCC unroll 4
+        for (int64_t j = 0; j < n; ++j) {
+          const F xv = load(col + j * inner);
+          const I sm = pol.exponent(L::group_max(pol.key(xv), sub_steps));
+          if constexpr (kNormal) store(out + j * inner, pol.apply_normal(xv, pol.fast_params(s, sm)));
+          else if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pol.fast_params(s, sm)));
+          else store(out + j * inner, pol.apply(xv, pol.params(s, sm)));
         }
       };
-      if (pol.fast(s)) rows(std::true_type{});
-      else rows(std::false_type{});
+      if (!pol.fast(s)) rows(std::false_type{}, std::false_type{});
+      else if (pol.normal(s)) rows(std::true_type{}, std::true_type{});
+      else rows(std::true_type{}, std::false_type{});
     }
   }
 
@@ -617,6 +945,24 @@ struct Walker {
     // whole vectors: whole groups of lanes columns (lanes <= W: W / lanes groups each; else
     // lanes / W vectors per group, cols a multiple of lanes)
     const int64_t nv = cols / W;
+    if constexpr (W > 1) {
+      bool done = false;
+      if constexpr (Pol::kSubBlocks) {
+        if (lanes <= W && sub <= lanes) {
+          constexpr int kWSteps = W == 16 ? 4 : W == 8 ? 3 : 0;
+          if (n == 2 && lanes == W && sub == 2) lanes_column_sub_blocks<2, kWSteps, 1>(pol, px, py, n, inner, nv);
+          else lanes_column_sub_blocks<0, -1, -1>(pol, px, py, n, inner, nv);
+          done = true;
+        }
+      } else if (lanes == W) {
+        pixel_blocks(pol, px, py, n, inner, nv);
+        done = true;
+      }
+      if (done) {
+        if (nv * W < cols) scalar().lanes_tile(base + nv * W, n, cols - nv * W);
+        return;
+      }
+    }
     K k[kTileVectors];
     I s[kTileVectors] = {};
     column_max(pol, px, n, inner, nv, k);
@@ -632,8 +978,6 @@ struct Walker {
       if (fast && normal) lanes_sub_blocks<true, true>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else if (fast) lanes_sub_blocks<true, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else lanes_sub_blocks<false, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
-    } else if (W > 1 && lanes == W) {
-      pixel_params_tile(pol, px, py, n, inner, nv, k);
     } else {
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
       whole_block_rows(pol, px, py, n, inner, nv, s);

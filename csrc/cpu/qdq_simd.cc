@@ -80,6 +80,37 @@ struct VecLanes {
     return v;
   }
 
+  // Lane i = the maximum over all lanes of v[i], for W vectors (v is overwritten): stages that
+  // each pack two vectors' partial maxima into one (in-lane shuffles, then 128-bit blocks),
+  // 2 (W - 1) shuffles in all where W group_max calls take W log2(W). The stages' lane
+  // patterns leave the vectors in their natural order.
+  template <class V>
+  static MXOPS_VINL V transpose_max(V* v) {
+#if MXOPS_SIMD_WIDTH == 16
+    const I pairs_a = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30};
+    const I pairs_b = pairs_a + 1;
+    const I halves_a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const I halves_b = halves_a + 8;
+    const I blocks_a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const I blocks_b = blocks_a + 4;
+    const I stages[4][2] = {{pairs_a, pairs_b}, {pairs_a, pairs_b}, {halves_a, halves_b}, {blocks_a, blocks_b}};
+#else
+    const I pairs_a = {0, 2, 8, 10, 4, 6, 12, 14};
+    const I pairs_b = pairs_a + 1;
+    const I halves_a = {0, 1, 2, 3, 8, 9, 10, 11};
+    const I halves_b = halves_a + 4;
+    const I stages[3][2] = {{pairs_a, pairs_b}, {pairs_a, pairs_b}, {halves_a, halves_b}};
+#endif
+    int m = W;
+    for (const auto& st : stages) {
+      for (int j = 0; j < m / 2; ++j)
+        v[j] = imax(__builtin_shuffle(v[2 * j], v[2 * j + 1], st[0]),
+                    __builtin_shuffle(v[2 * j], v[2 * j + 1], st[1]));
+      m /= 2;
+    }
+    return v[0];
+  }
+
   // a with lane i taken from b; lane i of v in every lane (32-bit lane vectors).
   template <class V>
   static MXOPS_VINL V blend_lane(V a, V b, int i) {
