@@ -11,7 +11,8 @@
 // the storage types of
 // numerics.h (Float32, Float16, BFloat16; Exact: bit-exact widening of float16 NaNs); vector
 // lanes also stream<Float32>(float*, F): the same store bypassing the caches (a non-temporal
-// store; the address aligned to the vector's size).
+// store; the address aligned to the vector's size), and transpose_max(V* v) (lane i = the
+// maximum over the lanes of v[i], for W vectors).
 //
 // Everything here has internal linkage (an anonymous namespace): the SIMD translation units
 // are compiled with AVX2 / AVX-512 flags, and an inline function they emit must never be
