@@ -80,7 +80,7 @@ MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size) {
 
 MXOPS_VINL int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 MXOPS_VINL bool power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
-MXOPS_VINL int log2_exact(int64_t v) {
+constexpr int log2_exact(int64_t v) {
   int k = 0;
   while ((int64_t{1} << k) < v) ++k;
   return k;
@@ -380,39 +380,14 @@ struct Walker {
         for (int64_t i = 0; i < nv; ++i) store(q + i * W, pol.apply(load(p + i * W), prm));
       }
     };
-    if constexpr (!Pol::kSubBlocks && W > 1) {
-      if (bs == W) {
-        // One block per vector: its maximum over all lanes (a fixed number of steps), its
-        // parameters, and the plain form where its own lanes allow it.
-        constexpr int kWSteps = W == 16 ? 4 : 3;
-        int64_t g0 = 0;
+    // Blocks of one vector: W of them at a time (blocks_of_vectors), the rest below.
+    int64_t g0 = 0;
+    if constexpr (!Pol::kSubBlocks && W > 1)
+      if (bs == W)
         for (; g0 + W * W <= n_simd; g0 += W * W) blocks_of_vectors(pol, px + g0, py + g0);
-        for (int64_t g = g0; g < n_simd; g += W) {
-          prefetch(px + g, py + g);
-          const F v = load(px + g);
-          const K key = pol.key(v);
-          const I s = pol.exponent(L::group_max(key, kWSteps));
-          if (pol.fast(s)) {
-            const auto prm = pol.fast_params(s, s);
-            if constexpr (Pol::kPlain > 0) {
-              if (pol.plain(prm, key, as_int(f2u(v)))) {
-                store(py + g, pol.apply_plain(v, prm));
-                continue;
-              }
-            }
-            store(py + g, pol.apply_fast(v, prm));
-          } else {
-            store(py + g, pol.apply(v, pol.params(s, s)));
-          }
-        }
-        const auto tail = scalar();
-        for (int64_t j0 = n_simd; j0 < n; j0 += bs) tail.block(base + j0, min64(bs, n - j0), 1);
-        return;
-      }
-    }
     if (bs >= W) {
       const int64_t nv = bs / W;
-      for (int64_t g = 0; g < n_simd; g += group) {
+      for (int64_t g = g0; g < n_simd; g += group) {
         prefetch(px + g, py + g);
         K k = pol.key(load(px + g));
         for (int64_t i = 1; i < nv; ++i) {
@@ -546,8 +521,8 @@ struct Walker {
   }
 
   // The next tile of these rows, for reading and for writing (not when streaming: the stores
-  // do not read the lines), while this one is computed. px: the tile's first element, at
-  // column px - row start of its row.
+  // do not read the lines), while this one is computed. px / py: the tile's first element,
+  // `column` columns into its row.
   static MXOPS_VINL void prefetch_next_tile(const T* px, T* py, int64_t n, int64_t inner,
                                             int64_t cols, int64_t column) {
     if (cols != kTileColumns || column + 2 * kTileColumns > inner) return;
@@ -796,12 +771,8 @@ struct Walker {
       const T* p = px + i * W;
       F xv = load(p);
       K k = pol.key(xv);
-      if (i == 0) {
-        if constexpr (kPlain > 0) kmin = k;
-        if constexpr (kPlain > 1) bmin = as_int(f2u(xv));
-      }
-      if constexpr (kPlain > 0) kmin = imin(kmin, k);
-      if constexpr (kPlain > 1) bmin = imin(bmin, as_int(f2u(xv)));
+      if constexpr (kPlain > 0) kmin = i == 0 ? k : imin(kmin, k);
+      if constexpr (kPlain > 1) bmin = i == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
 #pragma GCC unroll 4
       for (int64_t j = 1; j < n; ++j) {
         p += inner;
@@ -950,8 +921,8 @@ struct Walker {
       bool done = false;
       if constexpr (Pol::kSubBlocks) {
         if (lanes <= W && sub <= lanes) {
-          constexpr int kWSteps = W == 16 ? 4 : W == 8 ? 3 : 0;
-          if (n == 2 && lanes == W && sub == 2) lanes_column_sub_blocks<2, kWSteps, 1>(pol, px, py, n, inner, nv);
+          if (n == 2 && lanes == W && sub == 2)
+            lanes_column_sub_blocks<2, log2_exact(W), 1>(pol, px, py, n, inner, nv);
           else lanes_column_sub_blocks<0, -1, -1>(pol, px, py, n, inner, nv);
           done = true;
         }
