@@ -36,8 +36,10 @@ CASES = [
     ("MX", dict(element_dtype="fp4_e2m1", block_size=64)),
 ]
 
+# Blocked axis outer: rows 300 / 70 elements apart take the column walk, rows 4 KiB apart
+# (1024 float32) the tile walk (block_walker.h, column_walk_fits).
 SHAPES = [((3, 517), 1), ((5, 4096), 1), ((2, 40, 37), 1), ((48, 300), 0), ((33, 70), 0),
-          ((2, 19, 3, 17), 1)]
+          ((40, 1024), 0), ((2, 19, 3, 17), 1)]
 
 
 def _inputs(shape, dtype, rng):

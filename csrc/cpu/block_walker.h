@@ -534,6 +534,24 @@ struct Walker {
       }
   }
 
+  // Whether the column walk (column_tile) suits rows `inner` elements apart: it reads a
+  // column's n rows twice (maxima, then results), so they must stay in the L1 cache between
+  // the passes. Rows a multiple of 4 KiB apart all fall into one L1 set (64 sets of 64-byte
+  // lines on current x86 cores), 2 KiB apart into two, ...: with the 8 ways of a set, n rows
+  // (and as many output rows) in S sets evict each other once n reaches 8 S. Measured on the
+  // AVX2 development machine (MXINT8, 32 rows): 0.1x Neg at 4 KiB strides where the tile
+  // walk gives 0.5x; at 4 sets (strides of 1, 3, 9 KiB) the column walk is as fast or faster.
+  // Sub-blocks read each sub-block a third time, so they need a set to spare.
+  static MXOPS_VINL bool column_walk_fits(int64_t n, int64_t inner) {
+    constexpr int64_t kLine = 64, kSets = 64, kWays = 8;
+    const int64_t stride = inner * int64_t(sizeof(T));
+    if (stride % kLine != 0) return true;  // rows at varying offsets in their lines: spread out
+    const int64_t lines = stride / kLine;
+    const int64_t sets = kSets >> min64(__builtin_ctzll(static_cast<unsigned long long>(lines)), 6);
+    if (sets < 2) return false;
+    return Pol::kSubBlocks ? n < kWays * sets : n <= kWays * sets;
+  }
+
   // Rows [0, n) of a tile without sub-blocks, kCols column vectors at a time: their block
   // maxima, their parameters, then their rows, so the parameters stay in registers (the
   // row-wise walk of whole_block_rows reloads every vector's parameters from the stack: about
@@ -680,16 +698,18 @@ struct Walker {
     const int64_t inner = this->inner, sub = this->sub;
     const int64_t nv = cols / W;
     if constexpr (!Stream) {
-      prefetch_next_tile(px, py, n, inner, cols, base % inner);
-      switch (n) {
-        case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
-        case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
-        case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
-        default: column_tile<0>(pol, px, py, n, inner, nv); break;
+      if (column_walk_fits(n, inner)) {
+        prefetch_next_tile(px, py, n, inner, cols, base % inner);
+        switch (n) {
+          case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
+          case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
+          case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
+          default: column_tile<0>(pol, px, py, n, inner, nv); break;
+        }
+        if constexpr (W > 1)
+          if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
+        return;
       }
-      if constexpr (W > 1)
-        if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
-      return;
     }
     K k[kTileVectors];
     I s[kTileVectors] = {};  // (initialised: GCC cannot see that s[v < nv] is always set)
