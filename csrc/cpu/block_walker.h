@@ -539,17 +539,18 @@ struct Walker {
   // the passes. Rows a multiple of 4 KiB apart all fall into one L1 set (64 sets of 64-byte
   // lines on current x86 cores), 2 KiB apart into two, ...: with the 8 ways of a set, n rows
   // (and as many output rows) in S sets evict each other once n reaches 8 S. Measured on the
-  // AVX2 development machine (MXINT8, 32 rows): 0.1x Neg at 4 KiB strides where the tile
-  // walk gives 0.5x; at 4 sets (strides of 1, 3, 9 KiB) the column walk is as fast or faster.
-  // Sub-blocks read each sub-block a third time, so they need a set to spare.
+  // AVX2 development machine: MXINT8 (32 rows) at 4 KiB strides 0.1x Neg where the tile walk
+  // gives 0.5x, and BFP16 (8 rows) 0.25x against 0.45x; at 4 sets (strides of 1, 3, 9 KiB)
+  // 32 rows are as fast as or faster than the tile walk. Sub-blocks read each sub-block a
+  // third time (MX9, 16 rows in 2 sets: 0.4x against 0.56x).
   static MXOPS_VINL bool column_walk_fits(int64_t n, int64_t inner) {
     constexpr int64_t kLine = 64, kSets = 64, kWays = 8;
     const int64_t stride = inner * int64_t(sizeof(T));
     if (stride % kLine != 0) return true;  // rows at varying offsets in their lines: spread out
     const int64_t lines = stride / kLine;
     const int64_t sets = kSets >> min64(__builtin_ctzll(static_cast<unsigned long long>(lines)), 6);
-    if (sets < 2) return false;
-    return Pol::kSubBlocks ? n < kWays * sets : n <= kWays * sets;
+    if (sets >= 4 && !Pol::kSubBlocks) return n <= kWays * sets;
+    return n < kWays * sets;
   }
 
   // Rows [0, n) of a tile without sub-blocks, kCols column vectors at a time: their block
