@@ -553,28 +553,19 @@ struct Walker {
     return n < kWays * sets;
   }
 
-  // Rows [0, n) of a tile without sub-blocks, kCols column vectors at a time: their block
-  // maxima, their parameters, then their rows, so the parameters stay in registers (the
-  // row-wise walk of whole_block_rows reloads every vector's parameters from the stack: about
-  // twice the instructions per element on in-cache tensors). Two columns of float32 share a
-  // cache line, so each line is fetched once per pass. kN > 0: n, fixed at compile time for
-  // the block sizes of the built-in formats, so the loops over the rows unroll.
-  template <int64_t kN, int kCols>
-  MXOPS_VINL void column_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
-                                int64_t inner) const {
-    const int64_t n = kN > 0 ? kN : n_rows;
+  // Down n rows `inner` apart from p, per column vector c of kCols (p + c * W): the greatest
+  // key in k[c] and, for the plain form (Pol::kPlain), the least key in kmin[c] and the least
+  // bit pattern (as signed) in bmin[c].
+  template <int kCols>
+  static MXOPS_VINL void column_keys(const Pol& pol, const T* p, int64_t n, int64_t inner, K* k,
+                                     K* kmin, I* bmin) {
     constexpr int kPlain = Pol::kPlain;
-    // Per column: the block's greatest key (its exponent) and, for the plain form, its least
-    // key and least bit pattern.
-    K k[kCols], kmin[kCols];
-    I bmin[kCols];
     for (int c = 0; c < kCols; ++c) {
-      const F xv = load(col + c * W);
+      const F xv = load(p + c * W);
       k[c] = pol.key(xv);
       if constexpr (kPlain > 0) kmin[c] = k[c];
       if constexpr (kPlain > 1) bmin[c] = as_int(f2u(xv));
     }
-    const T* p = col;
 #pragma GCC unroll 2
     for (int64_t j = 1; j < n; ++j) {
       p += inner;
@@ -586,6 +577,22 @@ struct Walker {
         if constexpr (kPlain > 1) bmin[c] = imin(bmin[c], as_int(f2u(xv)));
       }
     }
+  }
+
+  // Rows [0, n) of a tile without sub-blocks, kCols column vectors at a time: their block
+  // maxima, their parameters, then their rows, so the parameters stay in registers (the
+  // row-wise walk of whole_block_rows reloads every vector's parameters from the stack: about
+  // twice the instructions per element on in-cache tensors). Two columns of float32 share a
+  // cache line, so each line is fetched once per pass. kN > 0: n, fixed at compile time for
+  // the block sizes of the built-in formats, so the loops over the rows unroll.
+  template <int64_t kN, int kCols>
+  MXOPS_VINL void column_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
+                                int64_t inner) const {
+    const int64_t n = kN > 0 ? kN : n_rows;
+    constexpr int kPlain = Pol::kPlain;
+    K k[kCols], kmin[kCols];
+    I bmin[kCols];
+    column_keys<kCols>(pol, col, n, inner, k, kmin, bmin);
     // The second pass reads the rows again (from L1): keeping the first pass's vectors in
     // registers instead spills them on AVX2's 16 registers.
     __asm__ volatile("" ::: "memory");
@@ -595,7 +602,7 @@ struct Walker {
       s[c] = pol.exponent(k[c]);
       fast = fast && pol.fast(s[c]);
     }
-    p = col;
+    const T* p = col;
     T* q = out;
     if (fast) {
       typename Pol::Fast prm[kCols];
@@ -629,14 +636,9 @@ struct Walker {
   MXOPS_VINL void column_sub_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
                                     int64_t inner, int64_t sub) const {
     const int64_t n = kN > 0 ? kN : n_rows;
-    K k[kCols];
-    for (int c = 0; c < kCols; ++c) k[c] = pol.key(load(col + c * W));
-    const T* p = col;
-#pragma GCC unroll 2
-    for (int64_t j = 1; j < n; ++j) {
-      p += inner;
-      for (int c = 0; c < kCols; ++c) k[c] = imax(k[c], pol.key(load(p + c * W)));
-    }
+    K k[kCols], kmin[kCols];
+    I bmin[kCols];
+    column_keys<kCols>(pol, col, n, inner, k, kmin, bmin);  // (to_bfp_prime: no plain form)
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     I s[kCols];
     bool fast = true, normal = true;
@@ -646,7 +648,7 @@ struct Walker {
       normal = normal && pol.normal(s[c]);
     }
     if (fast && normal && sub == 2 && n % 2 == 0) {
-      p = col;
+      const T* p = col;
       T* q = out;
 #pragma GCC unroll 2
       for (int64_t j = 0; j < n; j += 2, p += 2 * inner, q += 2 * inner)
@@ -789,20 +791,11 @@ struct Walker {
     I bmin{};
 #pragma GCC unroll 16
     for (int i = 0; i < cnt; ++i) {
-      const T* p = px + i * W;
-      F xv = load(p);
-      K k = pol.key(xv);
-      if constexpr (kPlain > 0) kmin = i == 0 ? k : imin(kmin, k);
-      if constexpr (kPlain > 1) bmin = i == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
-#pragma GCC unroll 4
-      for (int64_t j = 1; j < n; ++j) {
-        p += inner;
-        xv = load(p);
-        const K kv = pol.key(xv);
-        k = imax(k, kv);
-        if constexpr (kPlain > 0) kmin = imin(kmin, kv);
-        if constexpr (kPlain > 1) bmin = imin(bmin, as_int(f2u(xv)));
-      }
+      K k, km;
+      I bm;
+      column_keys<1>(pol, px + i * W, n, inner, &k, &km, &bm);
+      if constexpr (kPlain > 0) kmin = i == 0 ? km : imin(kmin, km);
+      if constexpr (kPlain > 1) bmin = i == 0 ? bm : imin(bmin, bm);
       k = L::group_max(k, log2_exact(W));
       kk = i == 0 ? k : L::blend_lane(kk, k, i);  // lanes past cnt keep the first pixel's maximum
     }
@@ -863,9 +856,9 @@ struct Walker {
     for (int64_t v = 0; v < nv; ++v) {
       const T* const col = px + v * W;
       T* const out = py + v * W;
-      K k = pol.key(load(col));
-#pragma GCC unroll 4
-      for (int64_t j = 1; j < n; ++j) k = imax(k, pol.key(load(col + j * inner)));
+      K k, kmin;
+      I bmin;
+      column_keys<1>(pol, col, n, inner, &k, &kmin, &bmin);  // (to_bfp_prime: no plain form)
       const I s = pol.exponent(L::group_max(k, block_steps));
       auto rows = [&](auto fast_tag, auto normal_tag) {
         constexpr bool kFast = decltype(fast_tag)::value, kNormal = decltype(normal_tag)::value;
