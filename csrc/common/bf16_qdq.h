@@ -21,12 +21,23 @@ MXOPS_HD LaneF<U> bf16_dequantize_lanes(U y, float scale, float zp) {
   return (BFloat16::load_bits(y) - zp) * scale;
 }
 
+// BF16QuantizeDequantize: the dequantized quantization of x, the pair's arithmetic in its
+// order, so the result has the bits the two nodes give.
+template <class F>
+MXOPS_HD F bf16_quantize_dequantize_lanes(F x, float scale, float zp) {
+  return bf16_dequantize_lanes(bf16_quantize_lanes(x, scale, zp), scale, zp);
+}
+
 MXOPS_HD uint16_t bf16_quantize(float x, float scale, uint16_t zero_point) {
   return static_cast<uint16_t>(bf16_quantize_lanes(x, scale, BFloat16::load(zero_point)));
 }
 
 MXOPS_HD float bf16_dequantize(uint16_t y, float scale, uint16_t zero_point) {
   return bf16_dequantize_lanes(static_cast<uint32_t>(y), scale, BFloat16::load(zero_point));
+}
+
+MXOPS_HD float bf16_quantize_dequantize(float x, float scale, uint16_t zero_point) {
+  return bf16_quantize_dequantize_lanes(x, scale, BFloat16::load(zero_point));
 }
 
 }  // namespace mxops

@@ -194,4 +194,18 @@ void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_
   });
 }
 
+void bf16_quantize_dequantize(const float* x, const float* scale, const uint16_t* zero_point,
+                              bool per_channel, const Geometry& g, float* y, const TaskRunner& run) {
+  const Isa isa = selected_isa();
+  (void)isa;
+  for_each_channel_run(g, per_channel, scale, zero_point, run,
+                       [&](int64_t i, int64_t stop, float s, uint16_t z) {
+#if defined(__x86_64__)
+    if (isa == Isa::kAvx512) return simd16::bf16_quantize_dequantize_run(x + i, y + i, stop - i, s, z);
+    if (isa == Isa::kAvx2) return simd8::bf16_quantize_dequantize_run(x + i, y + i, stop - i, s, z);
+#endif
+    for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize_dequantize(x[k], s, z); });
+  });
+}
+
 }  // namespace mxops::cpu

@@ -203,4 +203,16 @@ void bf16_dequantize_run(const uint16_t* y, float* x, int64_t n, float scale, ui
   for (; i < n; ++i) x[i] = bf16_dequantize(y[i], scale, zero_point);
 }
 
+void bf16_quantize_dequantize_run(const float* x, float* y, int64_t n, float scale,
+                                  uint16_t zero_point) {
+  const float zp = BFloat16::load(zero_point);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(y + i) + kPrefetchBytes, 1, 3);
+    store_vec(y + i, bf16_quantize_dequantize_lanes(load_vec<F>(x + i), scale, zp));
+  }
+  for (; i < n; ++i) y[i] = bf16_quantize_dequantize(x[i], scale, zero_point);
+}
+
 }  // namespace mxops::cpu::MXOPS_SIMD_NS

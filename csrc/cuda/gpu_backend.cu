@@ -36,6 +36,11 @@ struct Bf16QuantizeElement {
 struct Bf16DequantizeElement {
   MXOPS_HD float operator()(uint16_t y, float s, uint16_t z) const { return bf16_dequantize(y, s, z); }
 };
+struct Bf16QuantizeDequantizeElement {
+  MXOPS_HD float operator()(float x, float s, uint16_t z) const {
+    return bf16_quantize_dequantize(x, s, z);
+  }
+};
 
 template <class Element, class In, class Out>
 __global__ void bf16_linear_kernel(const In* __restrict__ in, const float* __restrict__ scale,
@@ -108,6 +113,17 @@ std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
                bf16_linear_kernel<Bf16DequantizeElement, uint16_t, float>)(
       y, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, x);
   return launch_status("the bfloat16 dequantize kernel");
+}
+
+std::string launch_bf16_quantize_dequantize(const float* x, const float* scale,
+                                            const uint16_t* zero_point, bool per_channel,
+                                            const Geometry& g, float* y, void* stream) {
+  if (g.num_elements == 0) return "";
+  const auto s = static_cast<cudaStream_t>(stream);
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads, s,
+               bf16_linear_kernel<Bf16QuantizeDequantizeElement, float, float>)(
+      x, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, y);
+  return launch_status("the bfloat16 quantize-dequantize kernel");
 }
 
 }  // namespace mxops::gpu
