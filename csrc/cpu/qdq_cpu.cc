@@ -204,7 +204,9 @@ void bf16_quantize_dequantize(const float* x, const float* scale, const uint16_t
     if (isa == Isa::kAvx512) return simd16::bf16_quantize_dequantize_run(x + i, y + i, stop - i, s, z);
     if (isa == Isa::kAvx2) return simd8::bf16_quantize_dequantize_run(x + i, y + i, stop - i, s, z);
 #endif
-    for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize_dequantize(x[k], s, z); });
+    // (qualified: this function's own name hides the element function)
+    for_each_run(i, stop, x, y,
+                 [&](int64_t k) { y[k] = mxops::bf16_quantize_dequantize(x[k], s, z); });
   });
 }
 
