@@ -34,6 +34,7 @@ import onnx
 import onnxruntime as ort
 
 import ort_mx_ops
+from ort_mx_ops.benchmarks.graphs import BF16_FUSED
 from ort_mx_ops.benchmarks.harness import machine_info
 from ort_mx_ops.formats import CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
@@ -44,7 +45,7 @@ LAYOUT_OPS = ("ReorderInput", "ReorderOutput")  # onnxruntime's NCHW <-> NCHWc c
 _OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN)
 DEFAULT_CONFIGS = ("BFP16", "MX9", "MXFP8E4M3", "MXINT8", "BF16")
 # The label of BF16 quantized with bf16_qdq_fused (timed beside BF16 whenever BF16 is).
-_BF16_FUSED = "BF16fused"
+_BF16_FUSED = BF16_FUSED
 
 
 @dataclass
