@@ -13,8 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ort_mx_ops.benchmarks import harness, report
-from ort_mx_ops.formats import CONFIGS
+from ort_mx_ops.benchmarks import graphs, harness, report
 
 __all__ = ["main", "parse_size"]
 
@@ -42,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", default="all",
                    help="execution providers, comma separated (CPU, CUDA, ROCM or full names); "
                         "default: every one the installed onnxruntime has")
-    p.add_argument("--configs", default="all", help=f"comma separated of {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default="all",
+                   help=f"comma separated of {', '.join(graphs.BENCH_CONFIGS)} "
+                        f"({graphs.BF16_FUSED}: BF16 as our one-node BF16QuantizeDequantize)")
     p.add_argument("--dtypes", default="float32,float16,bfloat16",
                    help=f"input types, comma separated, of {', '.join(harness.ITEMSIZE)} "
                         "(default: %(default)s; --tiny: float32)")
@@ -97,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         from ort_mx_ops.benchmarks import model_bench  # the model-level mode
         return model_bench.main(argv)
     args = build_parser().parse_args(argv)
-    configs = list(CONFIGS) if args.configs == "all" else _list(args.configs)
+    configs = list(graphs.BENCH_CONFIGS) if args.configs == "all" else _list(args.configs)
     for c in configs:
-        if c not in CONFIGS:
-            raise SystemExit(f"unknown config {c!r}; known: {', '.join(CONFIGS)}")
+        if c not in graphs.BENCH_CONFIGS:
+            raise SystemExit(f"unknown config {c!r}; known: {', '.join(graphs.BENCH_CONFIGS)}")
     dtypes = _list(args.dtypes)
     for d in dtypes:
         if d not in harness.ITEMSIZE:

@@ -26,12 +26,21 @@ from onnx import TensorProto, helper
 from ort_mx_ops.formats import CONFIGS, MX_ELEMENT_FORMATS
 from ort_mx_ops.quantizer.nodes import NodeFactory
 
-__all__ = ["ONNX_TYPES", "custom_qdq_model", "standard_qdq_model", "reference_model",
-           "geometry"]
+__all__ = ["ONNX_TYPES", "BF16_FUSED", "BENCH_CONFIGS", "config_spec", "custom_qdq_model",
+           "standard_qdq_model", "reference_model", "geometry"]
 
 ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
               "bfloat16": TensorProto.BFLOAT16}
 OPSET = 18
+# BF16 as our one BF16QuantizeDequantize node (the quantizer's bf16_qdq_fused): benchmarked
+# beside the built-in configurations, whose BF16 is the Extended Q/DQ pair.
+BF16_FUSED = "BF16fused"
+BENCH_CONFIGS = (*CONFIGS, BF16_FUSED)
+
+
+def config_spec(config: str):
+    """The FormatSpec of a benchmark configuration (BF16_FUSED: BF16's)."""
+    return CONFIGS["BF16" if config == BF16_FUSED else config]
 
 
 def geometry(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
@@ -54,12 +63,14 @@ def _model(nodes: list, shape, dtype: str, initializers=(), domains=()) -> bytes
 
 def custom_qdq_model(config: str, shape, axis: int, dtype: str) -> bytes:
     """The product's (or a drop-in library's) op for the built-in ``config``, built by the
-    quantizer's node factory (BF16: the Extended Q/DQ pair with scale 1)."""
-    spec = CONFIGS[config]
+    quantizer's node factory (BF16: the Extended Q/DQ pair with scale 1; BF16_FUSED: one
+    BF16QuantizeDequantize)."""
+    spec = config_spec(config)
     if spec.op == "BF16" and dtype != "float32":
-        raise ValueError("the Extended Q/DQ pair quantizes float32 tensors")
+        raise ValueError("the BF16 quantize-dequantize ops take float32 tensors")
     names = iter(f"t{i}" for i in range(1000))
-    emitted = NodeFactory(lambda base: next(names)).quantize(spec, "X", "Y", axis)
+    factory = NodeFactory(lambda base: next(names), bf16_fused=config == BF16_FUSED)
+    emitted = factory.quantize(spec, "X", "Y", axis)
     return _model(emitted.nodes, shape, dtype, emitted.initializers, sorted(emitted.domains))
 
 
@@ -114,7 +125,7 @@ class _Builder:
 
 def standard_qdq_model(config: str, shape, axis: int, dtype: str) -> bytes:
     """``config`` built from default-domain ONNX ops (see the module docstring)."""
-    cfg = CONFIGS[config]
+    cfg = config_spec(config)
     b = _Builder()
     x = "X"
     if dtype != "float32":

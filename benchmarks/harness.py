@@ -261,11 +261,11 @@ def _build_variants(point: Point, layout: str, opts: Options, errors: list) -> l
                 lambda c=config: graphs.custom_qdq_model(c, point.shape, axis, point.dtype), library)
         elif why:
             errors.append({"ep": point.ep, "kind": "custom", "config": config, "error": why})
-        if opts.standard and n <= opts.standard_max_size and not (
+        if opts.standard and n <= opts.standard_max_size and config != graphs.BF16_FUSED and not (
                 CONFIGS[config].op == "BF16" and point.dtype == "bfloat16"):
             add("standard", config,
                 lambda c=config: graphs.standard_qdq_model(c, point.shape, axis, point.dtype), None)
-        if opts.other_library:
+        if opts.other_library and config != graphs.BF16_FUSED:  # (an op of ours alone)
             add("other", config,
                 lambda c=config: graphs.custom_qdq_model(c, point.shape, axis, point.dtype),
                 opts.other_library)

@@ -34,6 +34,7 @@ import onnx
 import onnxruntime as ort
 
 import ort_mx_ops
+from ort_mx_ops.benchmarks.graphs import BF16_FUSED
 from ort_mx_ops.benchmarks.harness import machine_info
 from ort_mx_ops.formats import CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
@@ -43,6 +44,8 @@ __all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_b
 LAYOUT_OPS = ("ReorderInput", "ReorderOutput")  # onnxruntime's NCHW <-> NCHWc conversions
 _OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN)
 DEFAULT_CONFIGS = ("BFP16", "MX9", "MXFP8E4M3", "MXINT8", "BF16")
+# The label of BF16 quantized with bf16_qdq_fused (timed beside BF16 whenever BF16 is).
+_BF16_FUSED = BF16_FUSED
 
 
 @dataclass
@@ -263,23 +266,32 @@ def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dict[str, dict]]:
-    """Model paths per variant label (each config, and with ``opts.nchwc`` its pre-optimised
-    form and the float model's) and what was done to make each."""
-    from ort_mx_ops.quantizer import quantize_model
+    """Model paths per variant label (each config, BF16 also as one fused node per tensor,
+    and with ``opts.nchwc`` each one's pre-optimised form and the float model's) and what was
+    done to make each."""
+    from dataclasses import replace
+
+    from ort_mx_ops.quantizer import get_config, quantize_model
     from ort_mx_ops.quantizer.nchwc import optimize_nchwc
     paths, info = {}, {}
+    variants: list[tuple[str, Any, dict]] = []
+    for config in opts.configs:
+        variants.append((config, config, {}))
+        if config == "BF16":  # our one-node form: it must give the pair's bits
+            variants.append((_BF16_FUSED, replace(get_config("BF16"), bf16_qdq_fused=True),
+                             {"same_as": "BF16"}))
     if opts.nchwc:
         # the control: the float model pre-optimised and run the same way (nothing rewritten)
         paths["float+nchwc"] = os.path.join(workdir, "float_nchwc.onnx")
         optimize_nchwc(opts.model, paths["float+nchwc"], opts.shapes or None)
         info["float+nchwc"] = {"same_as": "float"}
-    for config in opts.configs:
+    for config, cfg, extra in variants:
         out = os.path.join(workdir, f"{config}.onnx")
         t0 = time.perf_counter()
-        summary = quantize_model(opts.model, out, config)
+        summary = quantize_model(opts.model, out, cfg)
         runtime = sum(len(r.runtime_nodes) for r in summary.sites)
         info[config] = {"quantize_s": time.perf_counter() - t0, "runtime_nodes": runtime,
-                        "sites": len(summary.sites)}
+                        "sites": len(summary.sites), **extra}
         paths[config] = out
         opts.log(f"  quantized {config}: {runtime} runtime nodes")
         if opts.nchwc:
@@ -311,7 +323,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         checks = {label: _compare(outs["float"], o) for label, o in outs.items()
                   if label != "float"}
         for label, info in qinfo.items():
-            if "same_as" in info:  # a rewritten model must give its source's bits
+            if "same_as" in info:  # a rewritten model or another form of a config: same bits
                 checks[label]["bit_identical_to_same_as"] = all(
                     np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
                     for a, b in zip(outs[label], outs[info["same_as"]]))

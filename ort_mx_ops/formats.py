@@ -106,7 +106,7 @@ class AttrSpec:
 @dataclass(frozen=True)
 class OpSchema:
     """One op: its name and domain, its ``kind`` ("BFP", "MX", "BF16_QUANTIZE",
-    "BF16_DEQUANTIZE"), its attributes, and the name it had in the legacy domain."""
+    "BF16_DEQUANTIZE", "BF16_QDQ"), its attributes, and the name it had in the legacy domain."""
     name: str
     domain: str
     kind: str
@@ -162,6 +162,8 @@ _CANONICAL = [
              "VitisQuantizeLinear"),
     OpSchema("ExtendedDequantizeLinear", QUARK_DOMAIN, "BF16_DEQUANTIZE", _LINEAR_ATTRS,
              "VitisDequantizeLinear"),
+    # Our own op: the Extended pair above in one node (same inputs, float32 -> float32).
+    OpSchema("BF16QuantizeDequantize", PRODUCT_DOMAIN, "BF16_QDQ", _LINEAR_ATTRS),
 ]
 
 # Canonical name -> legacy (com.vai.quantize) name.

@@ -29,6 +29,7 @@ __all__ = [
     "float32_to_float16",
     "extended_quantize_linear",
     "extended_dequantize_linear",
+    "bf16_quantize_dequantize",
     "unpack_mx",
     "unpack_bfp",
 ]
@@ -374,3 +375,11 @@ def extended_dequantize_linear(y_bf16: np.ndarray, scale: np.ndarray,
     zp = _per_axis(bfloat16_bits_to_float32(zero_point_bf16), y.ndim, axis)
     with np.errstate(all="ignore"):
         return ((y - zp) * s).astype(F32)
+
+
+def bf16_quantize_dequantize(x: np.ndarray, scale: np.ndarray, zero_point_bf16: np.ndarray,
+                             axis: int = 1) -> np.ndarray:
+    """``BF16QuantizeDequantize`` (our own op): the pair in one node,
+    ``extended_dequantize_linear(extended_quantize_linear(x, scale, zp), scale, zp)``, float32."""
+    q = extended_quantize_linear(x, scale, zero_point_bf16, axis=axis)
+    return extended_dequantize_linear(q, scale, zero_point_bf16, axis=axis)

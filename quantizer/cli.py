@@ -49,7 +49,8 @@ class _Parser(argparse.ArgumentParser):
 # Python option names that quantize_model's messages may use, as the command line spells them.
 _FLAGS = {"a calibration_data_reader": "--calib or --calib-reader",
           "bf16_activation_scaled": "--bf16-activation-scaled",
-          "bf16_qdq_to_cast": "--bf16-cast", "fold_weights=False": "--no-fold",
+          "bf16_qdq_to_cast": "--bf16-cast", "bf16_qdq_fused": "--bf16-fused",
+          "fold_weights=False": "--no-fold",
           "it needs fold_weights=True": "it cannot be combined with --no-fold",
           "weight_storage=": "--weight-storage ",
           "QuantizationConfig needs an activation or a weight FormatSpec":
@@ -184,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emit com.vai.quantize BFPFixNeuron / MXFixNeuron")
     p.add_argument("--bf16-cast", action="store_true",
                    help="BF16 as Cast(BFLOAT16) -> Cast(FLOAT) instead of Extended Q/DQ")
+    p.add_argument("--bf16-fused", action="store_true",
+                   help="BF16 as one BF16QuantizeDequantize node (this library's op: the "
+                        "Extended Q/DQ pair's outputs in one pass) instead of the pair")
     p.add_argument("--bf16-weight-scaled", action="store_true",
                    help="BF16: rescale each weight by its range before rounding")
     p.add_argument("--bf16-activation-scaled", action="store_true",
@@ -366,6 +370,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             placement=args.placement, fold_weights=not args.no_fold,
             weight_storage=args.weight_storage,
             legacy_names=args.legacy_names, bf16_qdq_to_cast=args.bf16_cast,
+            bf16_qdq_fused=args.bf16_fused,
             bf16_weight_scaled=args.bf16_weight_scaled,
             bf16_activation_scaled=args.bf16_activation_scaled)
         reader = None

@@ -78,7 +78,9 @@ class QuantizationConfig:
     ``DequantizeLinear`` (``"onnx"``; MXFP8 / MXINT8 / BF16 only), see
     docs/packed_weights.md; ``legacy_names`` emits
     ``com.vai.quantize`` ``BFPFixNeuron`` / ``MXFixNeuron``; for BF16, ``bf16_qdq_to_cast``
-    emits ``Cast(BFLOAT16) -> Cast(FLOAT)`` instead of the Extended Q/DQ pair, and
+    emits ``Cast(BFLOAT16) -> Cast(FLOAT)`` instead of the Extended Q/DQ pair,
+    ``bf16_qdq_fused`` emits this library's ``BF16QuantizeDequantize`` (the pair's outputs
+    bit for bit, in one node and one pass; Quark's library does not have it), and
     ``bf16_weight_scaled`` / ``bf16_activation_scaled`` divide the tensor by a scale derived
     from its range (weights: their own values; activations: MinMax calibration) before the
     bfloat16 rounding and multiply it back after, so that ``max|x| / scale == bf16_scale_target``.
@@ -112,6 +114,7 @@ class QuantizationConfig:
     weight_storage: str = "folded"
     legacy_names: bool = False
     bf16_qdq_to_cast: bool = False
+    bf16_qdq_fused: bool = False
     bf16_weight_scaled: bool = False
     bf16_activation_scaled: bool = False
     bf16_scale_target: float = 1.0
@@ -131,6 +134,9 @@ class QuantizationConfig:
         object.__setattr__(self, "weight", as_format(self.weight))
         object.__setattr__(self, "tensor_formats",
                            {str(k): as_format(v) for k, v in dict(self.tensor_formats).items()})
+        if self.bf16_qdq_to_cast and self.bf16_qdq_fused:
+            raise ValueError("bf16_qdq_to_cast and bf16_qdq_fused are two forms of BF16: "
+                             "choose one")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.activation is None and self.weight is None and \

@@ -17,7 +17,8 @@ on the blocked data directly loses both conversions:
   itself, memory ``[N, C/B, H, W, B]``: each block is the same ``block_size`` consecutive
   channels of one pixel as in the plain layout, gathered from ``block_size / B`` channel
   groups (or, where ``block_size`` divides B, ``block_size`` consecutive floats of one group).
-* BF16 (``ExtendedQuantizeLinear -> ExtendedDequantizeLinear``): elementwise, runs on the
+* BF16 (``ExtendedQuantizeLinear -> ExtendedDequantizeLinear``, or our one-node
+  ``BF16QuantizeDequantize``) with a per-tensor scale and zero point: elementwise, runs on the
   blocked tensor as it is.
 
 Every quantized value is computed from the same block of the same values in the same order,
@@ -45,7 +46,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ort_mx_ops.formats import LEGACY_DOMAIN, QUARK_DOMAIN
+from ort_mx_ops.formats import LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
 __all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "session_options", "main",
            "METADATA_KEY", "parse_shapes"]
@@ -53,7 +54,9 @@ __all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "session_options
 METADATA_KEY = "ort_mx_ops.onnxruntime_optimized"
 _NCHWC_DOMAIN = "com.microsoft.nchwc"
 _BLOCK_OPS = {"BFPQuantizeDequantize", "MXQuantizeDequantize", "BFPFixNeuron", "MXFixNeuron"}
-_OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN)
+_OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN)
+# Elementwise BF16 nodes (per-tensor scale and zero point): the pair's first node, or ours.
+_BF16_OPS = {"ExtendedQuantizeLinear", "BF16QuantizeDequantize"}
 
 
 @dataclass
@@ -179,8 +182,7 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
         return c[0] if len(c) == 1 and name not in outputs else None
 
     for node in g.node:
-        if node.domain not in _OUR_DOMAINS or node.op_type not in _BLOCK_OPS | {
-                "ExtendedQuantizeLinear"}:
+        if node.domain not in _OUR_DOMAINS or node.op_type not in _BLOCK_OPS | _BF16_OPS:
             continue
         ro = producer.get(node.input[0])
         if ro is None or ro.op_type != "ReorderOutput" or ro.domain != _NCHWC_DOMAIN:
@@ -188,10 +190,11 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
         label = f"{node.op_type} {node.name!r}"
         ro_attrs = _attrs(ro)
         chain = [node]
-        if node.op_type == "ExtendedQuantizeLinear":
+        if node.op_type in _BF16_OPS:
             if not all(_is_scalar(g, name) for name in node.input[1:]):
                 report.kept.append(f"{label}: scale or zero point is not one value")
                 continue
+        if node.op_type == "ExtendedQuantizeLinear":
             dq = sole_consumer(node.output[0])
             if dq is None or dq.op_type != "ExtendedDequantizeLinear":
                 report.kept.append(f"{label}: not followed by its dequantize node alone")
@@ -210,7 +213,7 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
                                f"block {block}")
             continue
         x = ro.input[0]
-        if node.op_type == "ExtendedQuantizeLinear":
+        if node.op_type in _BF16_OPS:
             new = []
             for k, n in enumerate(chain):
                 copy = onnx.NodeProto()

@@ -3,8 +3,9 @@
 Every node the quantizer inserts comes from :meth:`NodeFactory.quantize`: a block format is
 one ``BFPQuantizeDequantize`` / ``MXQuantizeDequantize`` node (legacy names on request),
 wrapped in a Reshape pair when a weight is blocked over its flattened kernel window; BF16 is
-the ``ExtendedQuantizeLinear`` -> ``ExtendedDequantizeLinear`` pair, or ``Cast(BFLOAT16) ->
-Cast(float)`` with ``bf16_cast``, either one with an optional rescale.  Op names, domains
+the ``ExtendedQuantizeLinear`` -> ``ExtendedDequantizeLinear`` pair, ``Cast(BFLOAT16) ->
+Cast(float)`` with ``bf16_cast``, or our one-node ``BF16QuantizeDequantize`` (the pair's
+bits in one pass) with ``bf16_fused``, each with an optional rescale.  Op names, domains
 and attributes come from the catalogue (:mod:`ort_mx_ops.formats`).
 """
 from __future__ import annotations
@@ -36,10 +37,13 @@ class NodeFactory:
     (scale 1, zero point 0) are created once per factory and shared."""
 
     def __init__(self, new_name: Callable[[str], str], legacy_names: bool = False,
-                 bf16_cast: bool = False) -> None:
+                 bf16_cast: bool = False, bf16_fused: bool = False) -> None:
+        if bf16_cast and bf16_fused:
+            raise ValueError("bf16_cast and bf16_fused are two forms of BF16: choose one")
         self.new_name = new_name
         self.legacy_names = legacy_names
         self.bf16_cast = bf16_cast
+        self.bf16_fused = bf16_fused
         self._unit_params: Optional[tuple[str, str]] = None
 
     def quantize(self, spec: FormatSpec, tensor: str, output: str, axis: Optional[int] = None,
@@ -53,6 +57,8 @@ class NodeFactory:
         if spec.op == "BF16":
             if self.bf16_cast:
                 self._bf16_cast_pair(out, tensor, output, bf16_scale, elem_type)
+            elif self.bf16_fused:
+                self._fused_bf16(out, tensor, output, bf16_scale)
             else:
                 self._extended_pair(out, tensor, output, bf16_scale)
         else:
@@ -81,12 +87,22 @@ class NodeFactory:
         out.domains.add(domain)
 
     # -- BF16 ------------------------------------------------------------------------------
-    def _extended_pair(self, out: Emitted, t: str, output: str, scale: float) -> None:
-        if scale == 1.0:
-            s_name, z_name = self._unit_bf16_params(out)
-        else:
+    def _bf16_params(self, out: Emitted, t: str, scale: float) -> tuple[str, str]:
+        """The scale and zero-point inputs of the Extended pair / BF16QuantizeDequantize."""
+        s_name, z_name = self._unit_bf16_params(out)
+        if scale != 1.0:
             s_name = self._const(f"{t}_bf16_scale", np.array(scale, np.float32), out)
-            _, z_name = self._unit_bf16_params(out)
+        return s_name, z_name
+
+    def _fused_bf16(self, out: Emitted, t: str, output: str, scale: float) -> None:
+        s_name, z_name = self._bf16_params(out, t, scale)
+        op = "BF16QuantizeDequantize"
+        out.nodes.append(helper.make_node(op, [t, s_name, z_name], [output], domain=OPS[op].domain,
+                                          name=self.new_name(f"{t}_{op}")))
+        out.domains.add(OPS[op].domain)
+
+    def _extended_pair(self, out: Emitted, t: str, output: str, scale: float) -> None:
+        s_name, z_name = self._bf16_params(out, t, scale)
         mid = self.new_name(f"{t}_QuantizeLinear_Output")
         # The Extended pair even with legacy_names, as Quark emits it.
         q_op, dq_op = "ExtendedQuantizeLinear", "ExtendedDequantizeLinear"

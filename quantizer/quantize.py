@@ -406,7 +406,8 @@ class _Rewriter:
         self.skipped: list[str] = [f"subgraphs of {node}: not quantized (they keep reading "
                                    "the float tensors)" for node in view.subgraph_nodes]
         self.factory = NodeFactory(self.names.new, legacy_names=cfg.legacy_names,
-                                   bf16_cast=cfg.bf16_qdq_to_cast)
+                                   bf16_cast=cfg.bf16_qdq_to_cast,
+                                   bf16_fused=cfg.bf16_qdq_fused)
 
     # -- helpers -------------------------------------------------------------------------
     def _rewire(self, site: Site, new_name: str) -> None:
@@ -431,7 +432,8 @@ class _Rewriter:
         elem = self.view.elem_type.get(site.tensor)
         if site.spec.op == "BF16" and elem not in (None, TensorProto.FLOAT) and \
                 not self.cfg.bf16_qdq_to_cast:
-            self.skipped.append(f"{site.tensor}: BF16 Extended Q/DQ takes float32 tensors; "
+            self.skipped.append(f"{site.tensor}: BF16 Extended Q/DQ and BF16QuantizeDequantize "
+                                f"take float32 tensors; "
                                 f"this one is {TensorProto.DataType.Name(elem)}; left float")
             return None
         if site.kind == "weight" and self.cfg.fold_weights:

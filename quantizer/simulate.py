@@ -54,7 +54,14 @@ class _ExtDQ(OpRun):
                                                      _bf16_bits(zero_point), axis=axis),)
 
 
-_IMPLEMENTATIONS = {"BFP": _BFP, "MX": _MX, "BF16_QUANTIZE": _ExtQ, "BF16_DEQUANTIZE": _ExtDQ}
+class _Bf16Qdq(OpRun):
+    def _run(self, x, scale, zero_point,
+             axis=OPS["BF16QuantizeDequantize"].attr("axis").default):
+        return (reference.bf16_quantize_dequantize(x, scale, _bf16_bits(zero_point), axis=axis),)
+
+
+_IMPLEMENTATIONS = {"BFP": _BFP, "MX": _MX, "BF16_QUANTIZE": _ExtQ, "BF16_DEQUANTIZE": _ExtDQ,
+                    "BF16_QDQ": _Bf16Qdq}
 
 
 def _classes() -> list[type]:

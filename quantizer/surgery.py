@@ -178,7 +178,8 @@ def _check_axis(axis: Any) -> Optional[int]:
 
 def make_node(config: FormatLike, input: str, output: str, axis: Optional[int] = None,
               name: Optional[str] = None, legacy_names: bool = False, *,
-              bf16_cast: bool = False, elem_type: int = TensorProto.FLOAT,
+              bf16_cast: bool = False, bf16_fused: bool = False,
+              elem_type: int = TensorProto.FLOAT,
               graph: Optional[onnx.GraphProto] = None) -> NodeGroup:
     """The node(s) that quantize-dequantize tensor ``input`` into ``output`` in ``config`` (a
     built-in name such as ``"MXFP8E4M3"``, or a :class:`FormatSpec`), as the quantizer emits
@@ -188,7 +189,8 @@ def make_node(config: FormatLike, input: str, output: str, axis: Optional[int] =
     node (``legacy_names``: ``BFPFixNeuron`` / ``MXFixNeuron``) blocked along ``axis``, which
     it requires.  BF16 is the ``ExtendedQuantizeLinear`` -> ``ExtendedDequantizeLinear`` pair
     with scale 1 and a bfloat16 zero point 0 (two initializers, returned with the nodes), or
-    with ``bf16_cast`` ``Cast(BFLOAT16) -> Cast(elem_type)``; it has no blocks and ignores
+    with ``bf16_cast`` ``Cast(BFLOAT16) -> Cast(elem_type)``, or with ``bf16_fused`` our one
+    ``BF16QuantizeDequantize`` node on the same initializers; it has no blocks and ignores
     ``axis``.  ``name`` names the node (several nodes: ``name`` plus a suffix); intermediate
     tensors and initializers are named after ``input`` and avoid every name of ``graph``
     when one is given.  Add ``result.domains`` to the model's imports, or call
@@ -206,7 +208,8 @@ def make_node(config: FormatLike, input: str, output: str, axis: Optional[int] =
         # no graph to share them in, they are named after the tensor too.
         return names.new(base if base.startswith(f"{input}_") else f"{input}_{base}")
 
-    factory = NodeFactory(new_name, legacy_names=legacy_names, bf16_cast=bf16_cast)
+    factory = NodeFactory(new_name, legacy_names=legacy_names, bf16_cast=bf16_cast,
+                          bf16_fused=bf16_fused)
     emitted = factory.quantize(spec, input, output, axis, elem_type=elem_type)
     if name is not None:
         for node in emitted.nodes:
@@ -344,7 +347,8 @@ def _choose_axes(view: ModelView, readers: dict,
 
 
 def insert_qdq(model: onnx.ModelProto, tensors: Mapping[str, Request], *,
-               legacy_names: bool = False, bf16_cast: bool = False) -> onnx.ModelProto:
+               legacy_names: bool = False, bf16_cast: bool = False,
+               bf16_fused: bool = False) -> onnx.ModelProto:
     """A copy of ``model`` (which is left untouched) with one quantize-dequantize node (a pair
     for BF16) on each tensor of ``tensors``: ``{name: format}`` or ``{name: (format, axis)}``,
     a format being a built-in name or a :class:`FormatSpec`.
@@ -354,16 +358,18 @@ def insert_qdq(model: onnx.ModelProto, tensors: Mapping[str, Request], *,
     A graph output keeps its name: the node writes it and the producer's output is renamed.
     Without an axis, the op handler of the tensor's reader chooses it as
     :func:`.quantize_model` does (a depthwise weight is blocked over its kernel window,
-    between two Reshapes).  ``legacy_names`` and ``bf16_cast`` are the quantizer's options.
+    between two Reshapes).  ``legacy_names``, ``bf16_cast`` and ``bf16_fused`` are the
+    quantizer's options (see :func:`make_node`).
 
     Raises :class:`TensorError` (a ``ValueError`` naming the tensor) for an unknown tensor, a
     non-float tensor, an axis out of range for the tensor's known rank, a tensor that already
     carries a node of ours, or a format that is not one."""
-    return _insert(model, tensors, legacy_names=legacy_names, bf16_cast=bf16_cast)[0]
+    return _insert(model, tensors, legacy_names=legacy_names, bf16_cast=bf16_cast,
+                   bf16_fused=bf16_fused)[0]
 
 
 def _insert(model: onnx.ModelProto, tensors: Mapping[str, Request], *, legacy_names: bool,
-            bf16_cast: bool) -> tuple[onnx.ModelProto, list[Inserted]]:
+            bf16_cast: bool, bf16_fused: bool = False) -> tuple[onnx.ModelProto, list[Inserted]]:
     m = _copy(model)
     g = m.graph
     wanted = {str(t): _parse_request(str(t), v) for t, v in tensors.items()}
@@ -377,7 +383,8 @@ def _insert(model: onnx.ModelProto, tensors: Mapping[str, Request], *, legacy_na
     chosen = _choose_axes(view, readers, wanted)
 
     names = _all_names(g)
-    factory = NodeFactory(names.new, legacy_names=legacy_names, bf16_cast=bf16_cast)
+    factory = NodeFactory(names.new, legacy_names=legacy_names, bf16_cast=bf16_cast,
+                          bf16_fused=bf16_fused)
     after: dict[int, list[onnx.NodeProto]] = {}   # producer index (-1: none) -> new nodes
     new_inits: list[onnx.TensorProto] = []
     records = []
@@ -478,7 +485,7 @@ def _units(g: onnx.GraphProto) -> list[_Unit]:
     for node in g.node:
         kind = OPS[node.op_type].kind if node.op_type in OPS and \
             OPS[node.op_type].domain == node.domain else None
-        if kind in ("BFP", "MX"):
+        if kind in ("BFP", "MX", "BF16_QDQ"):
             units.append(_reshaped(g, node, readers, producer, outputs) or
                          _Unit([node], node.input[0], [node.output[0]]))
         elif kind == "BF16_QUANTIZE" or _cast_to(node) == TensorProto.BFLOAT16:
@@ -684,7 +691,7 @@ def run_tensor_flags(args: Any) -> int:
                         "another output path")
         model, _ = _load(args.input)
         out, records = _insert(model, requests, legacy_names=args.legacy_names,
-                               bf16_cast=args.bf16_cast)
+                               bf16_cast=args.bf16_cast, bf16_fused=args.bf16_fused)
         save_model_atomic(out, args.output, input_model=args.input)
     except TensorError as exc:
         return fail(f"--tensor {flags.get(exc.tensor, exc.tensor)}: {exc}")

@@ -105,12 +105,12 @@ def test_every_catalogued_op_runs_under_its_name_and_domain(op: str) -> None:
     schema = formats.OPS[op]
     x = np.linspace(-3, 3, 32, dtype=np.float32).reshape(2, 16)
     inits = []
-    if schema.kind in ("BF16_QUANTIZE", "BF16_DEQUANTIZE"):
+    if schema.kind in ("BF16_QUANTIZE", "BF16_DEQUANTIZE", "BF16_QDQ"):
         inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [1.0]),
                  helper.make_tensor("z", TensorProto.BFLOAT16, [], [0])]
-        in_type = TensorProto.FLOAT if schema.kind == "BF16_QUANTIZE" else TensorProto.BFLOAT16
+        in_type = TensorProto.BFLOAT16 if schema.kind == "BF16_DEQUANTIZE" else TensorProto.FLOAT
         out_type = TensorProto.FLOAT
-        if schema.kind == "BF16_DEQUANTIZE":
+        if schema.kind in ("BF16_DEQUANTIZE", "BF16_QDQ"):
             nodes = [helper.make_node(op, ["x", "s", "z"], ["y"], domain=schema.domain)]
         else:  # numpy has no bfloat16: widen the quantized output with a standard Cast
             nodes = [helper.make_node(op, ["x", "s", "z"], ["q"], domain=schema.domain),
@@ -132,7 +132,7 @@ def test_every_catalogued_op_runs_under_its_name_and_domain(op: str) -> None:
         np.testing.assert_array_equal(y, reference.bfloat16_bits_to_float32(bits))
         return
     y = sess.run(None, {"x": x})[0]
-    if schema.kind == "BF16_QUANTIZE":
+    if schema.kind in ("BF16_QUANTIZE", "BF16_QDQ"):
         np.testing.assert_array_equal(
             y, reference.bfloat16_bits_to_float32(reference.float32_to_bfloat16_bits(x)))
     else:

@@ -110,10 +110,13 @@ def test_simd_matches_scalar(case, mode, dtype, isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_bf16_qdq_simd_matches_scalar(per_channel, isa):
-    """ExtendedQuantizeLinear / ExtendedDequantizeLinear (bfloat16 zero point) through
-    onnxruntime: the SIMD loops against the scalar ones, bit for bit."""
+@pytest.mark.parametrize("per_channel,unit_scale", [(False, False), (True, False), (False, True),
+                                                    (True, True)])
+def test_bf16_qdq_simd_matches_scalar(per_channel, unit_scale, isa):
+    """ExtendedQuantizeLinear / ExtendedDequantizeLinear (bfloat16 zero point) and the fused
+    BF16QuantizeDequantize through onnxruntime: the SIMD loops against the scalar ones, bit
+    for bit, and the fused node against the pair; unit_scale: scale 1 (the loops without the
+    divide and multiply) in every channel."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -124,6 +127,8 @@ def test_bf16_qdq_simd_matches_scalar(per_channel, isa):
     x = _inputs(shape, "float32", rng)
     channels = shape[1] if per_channel else 1
     scale = (rng.standard_normal(channels) * 2.0 ** rng.integers(-8, 8, channels)).astype(np.float32)
+    if unit_scale:
+        scale[:] = 1.0
     zp_f = (rng.standard_normal(channels) * 4).astype(np.float32)
     zp = (zp_f.view(np.uint32) >> 16).astype(np.uint16)
     s_shape, axis = ([channels], 1) if per_channel else ([], 1)
@@ -132,12 +137,15 @@ def test_bf16_qdq_simd_matches_scalar(per_channel, isa):
     nodes = [helper.make_node("ExtendedQuantizeLinear", ["X", "s", "z"], ["Q"],
                               domain="com.amd.quark", axis=axis),
              helper.make_node("ExtendedDequantizeLinear", ["Q", "s", "z"], ["D"],
-                              domain="com.amd.quark", axis=axis)]
+                              domain="com.amd.quark", axis=axis),
+             helper.make_node("BF16QuantizeDequantize", ["X", "s", "z"], ["F"],
+                              domain="com.ort_mx_ops", axis=axis)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("D", TensorProto.FLOAT, shape)],
-                              initializer=inits)
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape)
+                               for o in ("D", "F")], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                    helper.make_opsetid("com.amd.quark", 1)])
+                                                    helper.make_opsetid("com.amd.quark", 1),
+                                                    helper.make_opsetid("com.ort_mx_ops", 1)])
     model.ir_version = 8
     so = ort.SessionOptions()
     ort_mx_ops.register(so)
@@ -145,8 +153,10 @@ def test_bf16_qdq_simd_matches_scalar(per_channel, isa):
     outs = {}
     for path in ("scalar", isa):
         with cpu_path(path):
-            outs[path] = sess.run(None, {"X": x})[0].view(np.uint32)
-    np.testing.assert_array_equal(outs[isa], outs["scalar"], err_msg=isa)
+            outs[path] = [y.view(np.uint32) for y in sess.run(None, {"X": x})]
+    np.testing.assert_array_equal(outs[isa][0], outs["scalar"][0], err_msg=isa)
+    np.testing.assert_array_equal(outs[isa][1], outs["scalar"][1], err_msg=f"{isa} fused")
+    np.testing.assert_array_equal(outs["scalar"][1], outs["scalar"][0], err_msg="fused vs pair")
 
 
 def test_cpu_isa_names_a_path():

@@ -164,3 +164,8 @@ def test_emulated_bf16_quantize_dequantize(emulated, shape, axis, per_channel):
     gc.call_bf16_qdq(emulated, 1, shape, axis, per_channel, q.ctypes.data, scale.ctypes.data,
                      zp.ctypes.data, d.ctypes.data)
     assert np.array_equal(gc.bits(d), gc.bits(gc.bf16_reference(1, q, scale, zp, axis)))
+    # BF16QuantizeDequantize: the pair's bits in one kernel
+    f = np.full(shape, gc.POISON["float32"], np.uint32).view(np.float32)
+    gc.call_bf16_qdq(emulated, 2, shape, axis, per_channel, x.ctypes.data, scale.ctypes.data,
+                     zp.ctypes.data, f.ctypes.data)
+    assert np.array_equal(gc.bits(f), gc.bits(d))

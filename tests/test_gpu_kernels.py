@@ -207,6 +207,11 @@ def test_gpu_bf16_quantize_dequantize(device, gpu_lib, shape, axis, per_channel)
                      device.ptr(zd), device.ptr(dd), device.stream())
     d = device.download(dd, np.dtype(np.float32)).reshape(shape)
     assert np.array_equal(gc.bits(d), gc.bits(gc.bf16_reference(1, q, scale, zp, axis)))
+    fd = device.empty(x.size, np.dtype(np.float32), gc.POISON["float32"])  # the fused node
+    gc.call_bf16_qdq(gpu_lib, 2, shape, axis, per_channel, device.ptr(xd), device.ptr(sd),
+                     device.ptr(zd), device.ptr(fd), device.stream())
+    assert np.array_equal(gc.bits(device.download(fd, np.dtype(np.float32)).reshape(shape)),
+                          gc.bits(d))
 
 
 # ------------------------------------------------------------------------------------------

@@ -73,10 +73,15 @@ def cnn_run(tmp_path_factory):
 def test_report_structure(cnn_run):
     doc, md = cnn_run
     assert doc["kind"] == "model" and doc["inputs"] == {"x": [1, 3, 12, 12]}
-    assert [r["variant"] for r in doc["results"]] == ["float", "MX9", "MXINT8", "BF16"]
+    assert [r["variant"] for r in doc["results"]] == ["float", "MX9", "MXINT8", "BF16",
+                                                       "BF16fused"]
     text = md.read_text()
-    for variant in ("float", "MX9", "MXINT8", "BF16", "ReorderInput", "Conv"):
+    for variant in ("float", "MX9", "MXINT8", "BF16", "BF16fused", "ReorderInput", "Conv"):
         assert f"| {variant} |" in text
+    # BF16 in one node per tensor: half the pair's nodes, the pair's bits
+    by = {r["variant"]: r for r in doc["results"]}
+    assert by["BF16fused"]["profile"]["ours_nodes"] * 2 == by["BF16"]["profile"]["ours_nodes"]
+    assert by["BF16fused"]["bit_identical_to_same_as"] and by["BF16fused"]["same_as"] == "BF16"
     assert len(doc["load_average_before"]) == 3
 
 

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ort_mx_ops
 from ort_mx_ops import formats
-from ort_mx_ops.quantizer import quantize_model
+from ort_mx_ops.quantizer import get_config, quantize_model
 from ort_mx_ops.quantizer import nchwc
 
 BLOCK = nchwc.nchwc_block_size()
@@ -66,10 +66,13 @@ def _run(path, so, x):
 
 
 @pytest.mark.parametrize("config", ["BFP16", "MX9", "MX4", "MXINT8", "MXFP8E4M3", "MXFP4E2M1",
-                                    "BF16"])
+                                    "BF16", "BF16fused"])
 def test_bit_identical_to_default_run(tmp_path, config):
     q = str(tmp_path / "q.onnx")
-    quantize_model(_cnn(tmp_path / "m.onnx"), q, config)
+    fused = config == "BF16fused"  # BF16 as one BF16QuantizeDequantize node per tensor
+    config = "BF16" if fused else config
+    quantize_model(_cnn(tmp_path / "m.onnx"), q,
+                   get_config(config).replace(bf16_qdq_fused=fused))
     out = str(tmp_path / "q_nchwc.onnx")
     report = nchwc.optimize_nchwc(q, out)
     assert report.block == BLOCK
@@ -86,7 +89,9 @@ def test_bit_identical_to_default_run(tmp_path, config):
     assert len(report.rewritten) == 2, report
     assert report.reorders_after == report.reorders_before - 4
     nodes = onnx.load(out).graph.node
-    ours = [n for n in nodes if n.domain in (formats.QUARK_DOMAIN, formats.LEGACY_DOMAIN)]
+    ours = [n for n in nodes if n.domain in (formats.QUARK_DOMAIN, formats.LEGACY_DOMAIN,
+                                             formats.PRODUCT_DOMAIN)]
+    assert len(ours) == (6 if config == "BF16" and not fused else 3), [n.op_type for n in ours]
     if config != "BF16":  # the two nodes read the blocked tensors themselves
         lanes = [helper.get_attribute_value(a) for n in ours for a in n.attribute
                  if a.name == "nchwc_block"]

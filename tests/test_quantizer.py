@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 import ort_mx_ops
 from ort_mx_ops import reference
-from ort_mx_ops.formats import CONFIGS, QUARK_DOMAIN, LEGACY_DOMAIN
+from ort_mx_ops.formats import CONFIGS, QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN
 from ort_mx_ops.quantizer import (quantize_model, get_config, FormatSpec, QuantizationConfig,
                                   config_names)
 from ort_mx_ops.quantizer.quantize import save_model_atomic
@@ -252,6 +252,35 @@ def test_bf16_extended_pair_and_cast_pair_agree():
     # The first node rounds the graph input x to bfloat16.
     q = run(ext, feeds, (s_ext.sites[0].output,))[s_ext.sites[0].output]
     assert_bits_equal(q, _bf16_round(feeds["x"]))
+
+
+def test_bf16_fused_node_gives_the_extended_pairs_bits():
+    """bf16_qdq_fused: one BF16QuantizeDequantize per tensor where the pair has two nodes,
+    the same output bits (rescaled activations and weights included)."""
+    class Reader:
+        def __init__(self):
+            self.batches = [feeds_for("conv", seed) for seed in range(3)]
+
+        def get_next(self):
+            return self.batches.pop() if self.batches else None
+
+    for options in ({}, {"bf16_activation_scaled": True, "bf16_weight_scaled": True,
+                         "bf16_scale_target": 0.25}):
+        calib = lambda: {"calibration_data_reader": Reader()} if options else {}  # noqa: E731
+        ext, _ = quantize(conv_model(), "BF16", fold_weights=False, **options, **calib())
+        fused, _ = quantize(conv_model(), "BF16", fold_weights=False, bf16_qdq_fused=True,
+                            **options, **calib())
+        ops = Counter((n.domain, n.op_type) for n in fused.graph.node)
+        assert ops[(PRODUCT_DOMAIN, "BF16QuantizeDequantize")] == 6, ops
+        assert not any(n.op_type.startswith("Extended") for n in fused.graph.node)
+        assert PRODUCT_DOMAIN in {o.domain for o in fused.opset_import}
+        feeds = feeds_for("conv")
+        assert_bits_equal(run(fused, feeds)["y"], run(ext, feeds)["y"], f"fused {options}")
+        # the numpy simulation of both forms (onnx.reference's Conv, not onnxruntime's)
+        assert_bits_equal(run_reference(fused, feeds)[0], run_reference(ext, feeds)[0],
+                          "simulated")
+    with pytest.raises(ValueError, match="choose one"):
+        quantize(conv_model(), "BF16", bf16_qdq_to_cast=True, bf16_qdq_fused=True)
 
 
 def test_bf16_cast_needs_opset_13():

@@ -5,7 +5,9 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
+import ort_mx_ops
 from ort_mx_ops.quantizer import cli, demo
 from ort_mx_ops.quantizer.ocr_data import ctc_greedy_decode, edit_distance
 
@@ -40,6 +42,25 @@ def test_cli_mixed_formats_and_bf16_calibration(tmp_path, capsys):
     x_site = next(s for s in sites if s["tensor"] == "x")
     x_max = max(float(np.abs(feeds_for("conv", s)["x"]).max()) for s in range(3))
     assert abs(x_site["bf16_scale"] - x_max) <= 1e-6 * x_max
+
+
+def test_cli_bf16_fused(tmp_path, capsys):
+    src, pair, fused = tmp_path / "f.onnx", tmp_path / "pair.onnx", tmp_path / "fused.onnx"
+    onnx.save(conv_model(), str(src))
+    assert cli.main([str(src), str(pair), "--config", "BF16", "--no-fold", "--quiet"]) == 0
+    assert cli.main([str(src), str(fused), "--config", "BF16", "--no-fold", "--bf16-fused",
+                     "--quiet"]) == 0
+    ops = [n.op_type for n in onnx.load(str(fused)).graph.node]
+    assert ops.count("BF16QuantizeDequantize") == 6 and "ExtendedQuantizeLinear" not in ops
+    sessions = [ort.InferenceSession(str(p), ort_mx_ops.register(ort.SessionOptions()),
+                                     providers=["CPUExecutionProvider"]) for p in (pair, fused)]
+    feeds = feeds_for("conv")
+    a, b = (s.run(None, feeds)[0] for s in sessions)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    line = _cli_error([src, tmp_path / "x.onnx", "--config", "BF16", "--bf16-fused",
+                       "--bf16-cast"], capsys)
+    assert "--bf16-cast and --bf16-fused are two forms of BF16" in line, line
+    assert not (tmp_path / "x.onnx").exists()
 
 
 def test_cli_errors_are_reported_not_raised(tmp_path, capsys):

@@ -13,7 +13,7 @@ import ort_mx_ops
 from conftest import (as_dtype, assert_bits_equal, make_session, one_node_model, poisoned_like,
                       run_session, sample_tensor)
 from ort_mx_ops import reference
-from ort_mx_ops.formats import CONFIGS
+from ort_mx_ops.formats import CONFIGS, PRODUCT_DOMAIN
 
 
 @pytest.mark.parametrize("config", ["MX6", "MXFP4E2M1", "BFP16"])
@@ -53,8 +53,10 @@ def test_rank_changes_between_runs() -> None:
 
 def bf16_model(op: str, domain: str, per_channel: int | None, axis: int = 1):
     quantize = op in ("ExtendedQuantizeLinear", "VitisQuantizeLinear")
-    in_type, out_type = ((TensorProto.FLOAT, TensorProto.BFLOAT16) if quantize
-                         else (TensorProto.BFLOAT16, TensorProto.FLOAT))
+    fused = op == "BF16QuantizeDequantize"
+    in_type, out_type = ((TensorProto.FLOAT, TensorProto.BFLOAT16) if quantize else
+                         (TensorProto.FLOAT, TensorProto.FLOAT) if fused else
+                         (TensorProto.BFLOAT16, TensorProto.FLOAT))
     n = per_channel or 1
     scale = helper.make_tensor("scale", TensorProto.FLOAT, [n] if per_channel else [],
                                np.linspace(0.5, 4.0, n).astype(np.float32).tolist())
@@ -107,6 +109,39 @@ def test_bf16_quantize_by_hand() -> None:
     x = np.array([1.5, 1 + 2 ** -9, np.nan, 0.0, -1.0], np.float32)
     got = run_bf16(model, x, "float32", np.uint16)
     assert got.tolist() == [0x3F80, 0x3B80, 0x7FC1, 0xC000, 0xC080]  # 1, 2^-8, NaN, -2, -4
+
+
+@pytest.mark.parametrize("per_channel", [None, 6])
+@pytest.mark.parametrize("shape", [(3, 6, 10), (2, 6, 1037)])
+def test_bf16_fused_node_gives_the_pairs_bits(per_channel, shape) -> None:
+    """BF16QuantizeDequantize (our domain) against the numpy reference and against the
+    Extended pair run through onnxruntime, bit for bit, specials included."""
+    x = sample_tensor(shape, np.random.default_rng(10))
+    model, scale, zp = bf16_model("BF16QuantizeDequantize", PRODUCT_DOMAIN, per_channel)
+    got = run_bf16(model, x, "float32", np.float32)
+    assert_bits_equal(got, reference.bf16_quantize_dequantize(x, scale, zp, axis=1), "fused")
+    q = run_bf16(bf16_model("ExtendedQuantizeLinear", "com.amd.quark", per_channel)[0], x,
+                 "float32", np.uint16)
+    pair = run_bf16(bf16_model("ExtendedDequantizeLinear", "com.amd.quark", per_channel)[0], q,
+                    "bfloat16", np.float32)
+    assert_bits_equal(got, pair, "fused vs the Extended pair")
+
+
+def test_bf16_fused_by_hand() -> None:
+    # scale 1, zero point 0: 1 + 2^-8 ties to 1; 1 + 3 * 2^-8 ties to even 1 + 2^-6;
+    # NaN -> bfloat16 0x7FC1 -> float32 0x7FC10000; Inf and a subnormal bfloat16 has stay.
+    x = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, np.nan, -2.0, np.inf, 1.5 * 2.0 ** -130],
+                 np.float32)
+    want = np.array([0x3F800000, 0x3F820000, 0x7FC10000, 0xC0000000, 0x7F800000, 0x000C0000],
+                    np.uint32)
+    ref = reference.bf16_quantize_dequantize(x, np.float32(1), np.uint16(0))
+    assert ref.view(np.uint32).tolist() == want.tolist()
+    model = bf16_model("BF16QuantizeDequantize", PRODUCT_DOMAIN, None)[0]
+    node = model.graph.node[0]
+    model.graph.initializer[0].float_data[:] = [1.0]
+    model.graph.initializer[1].raw_data = np.uint16(0).tobytes()
+    assert node.input[1:] == ["scale", "zp"]
+    assert run_bf16(model, x, "float32", np.float32).view(np.uint32).tolist() == want.tolist()
 
 
 def test_bf16_scale_size_mismatch_is_an_error() -> None:

@@ -189,6 +189,15 @@ def test_make_node_block_format_matches_catalogue_and_runs():
     assert_bits_equal(run(m, {"x": x})["y"], quantize_ref(x, "MXFP8E4M3", 1), "make_node")
 
 
+def test_make_node_bf16_fused():
+    q = ort_mx_ops.make_node("bf16", "x", "y", name="b", bf16_fused=True)
+    assert [(n.domain, n.op_type, n.name) for n in q.nodes] == \
+        [("com.ort_mx_ops", "BF16QuantizeDequantize", "b")]
+    assert list(q.node.input)[0] == "x" and len(q.initializers) == 2
+    with pytest.raises(ValueError, match="choose one"):
+        ort_mx_ops.make_node("bf16", "x", "y", bf16_fused=True, bf16_cast=True)
+
+
 @pytest.mark.parametrize("cast", [False, True])
 def test_make_node_bf16_pair_with_initializers(cast):
     q = ort_mx_ops.make_node("bf16", "x", "y", name="b", bf16_cast=cast)
@@ -308,7 +317,8 @@ def test_insert_then_strip_gives_the_original_graph():
 
 @pytest.mark.parametrize("config,options", [
     ("MX6", {}), ("BF16", {}), ("MXINT8", {"legacy_names": True, "quantize_all_op_types": True}),
-    ("BF16", {"bf16_qdq_to_cast": True, "bf16_weight_scaled": True})])
+    ("BF16", {"bf16_qdq_to_cast": True, "bf16_weight_scaled": True}),
+    ("BF16", {"bf16_qdq_fused": True})])
 def test_strip_qdq_undoes_quantize_model_runtime_nodes(config, options):
     for build in (conv_model, matmul_model, two_consumer_model):
         m = build()

@@ -18,6 +18,7 @@ const std::vector<OpSpec>& op_catalogue() {
       {"MXFixNeuron", "com.vai.quantize", OpKind::kMx},
       {"VitisQuantizeLinear", "com.vai.quantize", OpKind::kBf16Quantize},
       {"VitisDequantizeLinear", "com.vai.quantize", OpKind::kBf16Dequantize},
+      {"BF16QuantizeDequantize", "com.ort_mx_ops", OpKind::kBf16QuantizeDequantize},
   };
   return ops;
 }
@@ -28,6 +29,7 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::kMx: return "MX";
     case OpKind::kBf16Quantize: return "BF16_QUANTIZE";
     case OpKind::kBf16Dequantize: return "BF16_DEQUANTIZE";
+    case OpKind::kBf16QuantizeDequantize: return "BF16_QDQ";
   }
   return "?";
 }

@@ -43,7 +43,13 @@ struct QdqParams {
 // ------------------------------------------------------------------------------------------
 
 // What an op computes; every registered name maps to one kind.
-enum class OpKind : int { kBfp = 0, kMx = 1, kBf16Quantize = 2, kBf16Dequantize = 3 };
+enum class OpKind : int {
+  kBfp = 0,
+  kMx = 1,
+  kBf16Quantize = 2,
+  kBf16Dequantize = 3,
+  kBf16QuantizeDequantize = 4,  // the pair in one node, our own op
+};
 
 struct OpSpec {
   const char* name;

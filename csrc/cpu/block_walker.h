@@ -853,27 +853,48 @@ struct Walker {
     const int64_t n = kN > 0 ? kN : n_rows;
     const int block_steps = kBlockSteps >= 0 ? kBlockSteps : log2_exact(lanes);
     const int sub_steps = kSubSteps >= 0 ? kSubSteps : log2_exact(sub);
-    for (int64_t v = 0; v < nv; ++v) {
+    // The n rows of the column vector from col with block maxima s (one block per lane group).
+    auto rows = [&](auto fast_tag, auto normal_tag, I s, const T* col, T* out) {
+      constexpr bool kFast = decltype(fast_tag)::value, kNormal = decltype(normal_tag)::value;
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < n; ++j) {
+        const F xv = load(col + j * inner);
+        const I sm = pol.exponent(L::group_max(pol.key(xv), sub_steps));
+        if constexpr (kNormal) store(out + j * inner, pol.apply_normal(xv, pol.fast_params(s, sm)));
+        else if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pol.fast_params(s, sm)));
+        else store(out + j * inner, pol.apply(xv, pol.params(s, sm)));
+      }
+    };
+    K k[W], kmin;  // (to_bfp_prime: no plain form, kmin / bmin unused)
+    I bmin;
+    int64_t v0 = 0;
+    // A block per vector (lanes == W): W pixels' maxima in one transposing reduction, the
+    // form decided once for all W.
+    if constexpr (kBlockSteps == log2_exact(W)) {
+      for (; v0 + W <= nv; v0 += W) {
+        const T* const col = px + v0 * W;
+        T* const out = py + v0 * W;
+#pragma GCC unroll 16
+        for (int i = 0; i < W; ++i) column_keys<1>(pol, col + i * W, n, inner, &k[i], &kmin, &bmin);
+        const I s = pol.exponent(L::transpose_max(k));
+        auto each = [&](auto fast_tag, auto normal_tag) {
+#pragma GCC unroll 16
+          for (int i = 0; i < W; ++i)
+            rows(fast_tag, normal_tag, L::broadcast_lane(s, i), col + i * W, out + i * W);
+        };
+        if (!pol.fast(s)) each(std::false_type{}, std::false_type{});
+        else if (pol.normal(s)) each(std::true_type{}, std::true_type{});
+        else each(std::true_type{}, std::false_type{});
+      }
+    }
+    for (int64_t v = v0; v < nv; ++v) {
       const T* const col = px + v * W;
       T* const out = py + v * W;
-      K k, kmin;
-      I bmin;
-      column_keys<1>(pol, col, n, inner, &k, &kmin, &bmin);  // (to_bfp_prime: no plain form)
-      const I s = pol.exponent(L::group_max(k, block_steps));
-      auto rows = [&](auto fast_tag, auto normal_tag) {
-        constexpr bool kFast = decltype(fast_tag)::value, kNormal = decltype(normal_tag)::value;
-#pragma GCC unroll 4
-        for (int64_t j = 0; j < n; ++j) {
-          const F xv = load(col + j * inner);
-          const I sm = pol.exponent(L::group_max(pol.key(xv), sub_steps));
-          if constexpr (kNormal) store(out + j * inner, pol.apply_normal(xv, pol.fast_params(s, sm)));
-          else if constexpr (kFast) store(out + j * inner, pol.apply_fast(xv, pol.fast_params(s, sm)));
-          else store(out + j * inner, pol.apply(xv, pol.params(s, sm)));
-        }
-      };
-      if (!pol.fast(s)) rows(std::false_type{}, std::false_type{});
-      else if (pol.normal(s)) rows(std::true_type{}, std::true_type{});
-      else rows(std::true_type{}, std::false_type{});
+      column_keys<1>(pol, col, n, inner, &k[0], &kmin, &bmin);
+      const I s = pol.exponent(L::group_max(k[0], block_steps));
+      if (!pol.fast(s)) rows(std::false_type{}, std::false_type{}, s, col, out);
+      else if (pol.normal(s)) rows(std::true_type{}, std::true_type{}, s, col, out);
+      else rows(std::true_type{}, std::false_type{}, s, col, out);
     }
   }
 

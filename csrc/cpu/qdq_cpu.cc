@@ -164,34 +164,55 @@ void for_each_channel_run(const Geometry& g, bool per_channel, const float* scal
   });
 }
 
+// One of the BF16 ops over the tensor: the ISA's vector run per channel run (simd16 /
+// simd8 .bf16_*_run), else `element` per element (bf16_qdq.h).
+template <class In, class Out, class Element>
+void bf16_elementwise(const In* x, const float* scale, const uint16_t* zero_point, bool per_channel,
+                      const Geometry& g, Out* y, const TaskRunner& run,
+                      void (*avx512)(const In*, Out*, int64_t, float, uint16_t),
+                      void (*avx2)(const In*, Out*, int64_t, float, uint16_t), Element element) {
+  const Isa isa = selected_isa();
+  (void)isa;
+  (void)avx512;
+  (void)avx2;
+  for_each_channel_run(g, per_channel, scale, zero_point, run,
+                       [&](int64_t i, int64_t stop, float s, uint16_t z) {
+#if defined(__x86_64__)
+    if (isa == Isa::kAvx512) return avx512(x + i, y + i, stop - i, s, z);
+    if (isa == Isa::kAvx2) return avx2(x + i, y + i, stop - i, s, z);
+#endif
+    for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = element(x[k], s, z); });
+  });
+}
+
+// The AVX-512 and AVX2 runs of a BF16 op for bf16_elementwise (x86-64 builds only).
+#if defined(__x86_64__)
+#define MXOPS_BF16_RUNS(name) simd16::name, simd8::name
+#else
+#define MXOPS_BF16_RUNS(name) nullptr, nullptr
+#endif
+
 }  // namespace
 
 void bf16_quantize_linear(const float* x, const float* scale, const uint16_t* zero_point,
                           bool per_channel, const Geometry& g, uint16_t* y, const TaskRunner& run) {
-  const Isa isa = selected_isa();
-  (void)isa;
-  for_each_channel_run(g, per_channel, scale, zero_point, run,
-                       [&](int64_t i, int64_t stop, float s, uint16_t z) {
-#if defined(__x86_64__)
-    if (isa == Isa::kAvx512) return simd16::bf16_quantize_run(x + i, y + i, stop - i, s, z);
-    if (isa == Isa::kAvx2) return simd8::bf16_quantize_run(x + i, y + i, stop - i, s, z);
-#endif
-    for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = bf16_quantize(x[k], s, z); });
-  });
+  bf16_elementwise(x, scale, zero_point, per_channel, g, y, run, MXOPS_BF16_RUNS(bf16_quantize_run),
+                   mxops::bf16_quantize);
 }
 
 void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_t* zero_point,
                             bool per_channel, const Geometry& g, float* x, const TaskRunner& run) {
-  const Isa isa = selected_isa();
-  (void)isa;
-  for_each_channel_run(g, per_channel, scale, zero_point, run,
-                       [&](int64_t i, int64_t stop, float s, uint16_t z) {
-#if defined(__x86_64__)
-    if (isa == Isa::kAvx512) return simd16::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
-    if (isa == Isa::kAvx2) return simd8::bf16_dequantize_run(y + i, x + i, stop - i, s, z);
-#endif
-    for_each_run(i, stop, y, x, [&](int64_t k) { x[k] = bf16_dequantize(y[k], s, z); });
-  });
+  bf16_elementwise(y, scale, zero_point, per_channel, g, x, run,
+                   MXOPS_BF16_RUNS(bf16_dequantize_run), mxops::bf16_dequantize);
 }
+
+void bf16_quantize_dequantize(const float* x, const float* scale, const uint16_t* zero_point,
+                              bool per_channel, const Geometry& g, float* y, const TaskRunner& run) {
+  // (qualified: this function's own name hides the element function)
+  bf16_elementwise(x, scale, zero_point, per_channel, g, y, run,
+                   MXOPS_BF16_RUNS(bf16_quantize_dequantize_run), mxops::bf16_quantize_dequantize);
+}
+
+#undef MXOPS_BF16_RUNS
 
 }  // namespace mxops::cpu

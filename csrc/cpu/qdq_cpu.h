@@ -47,4 +47,10 @@ void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_
                             bool per_channel, const Geometry& geometry, float* x,
                             const TaskRunner& run);
 
+// BF16QuantizeDequantize: y = the dequantized bf16_quantize_linear of x, the pair's bits in
+// one pass (x and y float32, not overlapping).
+void bf16_quantize_dequantize(const float* x, const float* scale, const uint16_t* zero_point,
+                              bool per_channel, const Geometry& geometry, float* y,
+                              const TaskRunner& run);
+
 }  // namespace mxops::cpu

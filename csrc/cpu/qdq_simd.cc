@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../common/bf16_qdq.h"
 #include "../common/simd_lanes.h"
@@ -181,26 +182,50 @@ void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geomet
   if (stream) _mm_sfence();
 }
 
+// The vector loop of the three BF16 runs: vector(unit, in + i, out + i) W elements at a time
+// with the next lines prefetched; returns where the caller's scalar tail starts. unit is
+// std::true_type where scale == 1: the element functions then leave out the divide and the
+// multiply, with the same bits (bf16_qdq.h).
+template <class In, class Out, class Vector>
+int64_t bf16_vector_loop(const In* in, Out* out, int64_t n, float scale, Vector vector) {
+  auto loop = [&](auto unit) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      // (kPrefetchBytes ahead in float32 elements, as far in elements for narrower types)
+      __builtin_prefetch(reinterpret_cast<const char*>(in + i) + kPrefetchBytes * sizeof(In) / 4,
+                         0, 3);
+      __builtin_prefetch(reinterpret_cast<char*>(out + i) + kPrefetchBytes * sizeof(Out) / 4, 1,
+                         3);
+      vector(unit, in + i, out + i);
+    }
+    return i;
+  };
+  return scale == 1.0f ? loop(std::true_type{}) : loop(std::false_type{});
+}
+
 void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale, uint16_t zero_point) {
   const float zp = BFloat16::load(zero_point);
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, 0, 3);
-    __builtin_prefetch(reinterpret_cast<const char*>(y + i) + kPrefetchBytes / 2, 1, 3);
-    narrow(y + i, bf16_quantize_lanes(load_vec<F>(x + i), scale, zp));
-  }
+  int64_t i = bf16_vector_loop(x, y, n, scale, [&](auto unit, const float* p, uint16_t* q) {
+    narrow(q, bf16_quantize_lanes<decltype(unit)::value>(load_vec<F>(p), scale, zp));
+  });
   for (; i < n; ++i) y[i] = bf16_quantize(x[i], scale, zero_point);
 }
 
 void bf16_dequantize_run(const uint16_t* y, float* x, int64_t n, float scale, uint16_t zero_point) {
   const float zp = BFloat16::load(zero_point);
-  int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    __builtin_prefetch(reinterpret_cast<const char*>(y + i) + kPrefetchBytes / 2, 0, 3);
-    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, 1, 3);
-    store_vec(x + i, bf16_dequantize_lanes(widen(y + i), scale, zp));
-  }
+  int64_t i = bf16_vector_loop(y, x, n, scale, [&](auto unit, const uint16_t* p, float* q) {
+    store_vec(q, bf16_dequantize_lanes<decltype(unit)::value>(widen(p), scale, zp));
+  });
   for (; i < n; ++i) x[i] = bf16_dequantize(y[i], scale, zero_point);
+}
+
+void bf16_quantize_dequantize_run(const float* x, float* y, int64_t n, float scale,
+                                  uint16_t zero_point) {
+  const float zp = BFloat16::load(zero_point);
+  int64_t i = bf16_vector_loop(x, y, n, scale, [&](auto unit, const float* p, float* q) {
+    store_vec(q, bf16_quantize_dequantize_lanes<decltype(unit)::value>(load_vec<F>(p), scale, zp));
+  });
+  for (; i < n; ++i) y[i] = bf16_quantize_dequantize(x[i], scale, zero_point);
 }
 
 }  // namespace mxops::cpu::MXOPS_SIMD_NS

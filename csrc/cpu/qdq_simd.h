@@ -20,11 +20,14 @@ namespace mxops::cpu {
   /* Work units [u0, u1) of plan_units(g, walk_block_size(p, g)) (block_walker.h). */    \
   void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,  \
                  int64_t u0, int64_t u1);                                                \
-  /* bf16_quantize / bf16_dequantize (bf16_qdq.h) of n elements, one channel. */         \
+  /* bf16_quantize / _dequantize / _quantize_dequantize (bf16_qdq.h) of n elements,  */ \
+  /* one channel. */                                                                     \
   void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale,            \
                          uint16_t zero_point);                                           \
   void bf16_dequantize_run(const uint16_t* y, float* x, int64_t n, float scale,          \
                            uint16_t zero_point);                                         \
+  void bf16_quantize_dequantize_run(const float* x, float* y, int64_t n, float scale,    \
+                                    uint16_t zero_point);                                \
   }
 
 MXOPS_DECLARE_SIMD(simd8)

@@ -36,6 +36,11 @@ struct Bf16QuantizeElement {
 struct Bf16DequantizeElement {
   MXOPS_HD float operator()(uint16_t y, float s, uint16_t z) const { return bf16_dequantize(y, s, z); }
 };
+struct Bf16QuantizeDequantizeElement {
+  MXOPS_HD float operator()(float x, float s, uint16_t z) const {
+    return bf16_quantize_dequantize(x, s, z);
+  }
+};
 
 template <class Element, class In, class Out>
 __global__ void bf16_linear_kernel(const In* __restrict__ in, const float* __restrict__ scale,
@@ -88,26 +93,42 @@ std::string launch_quantize_dequantize(const QdqParams& params, DType t, const v
                                                     : "the BFP quantize-dequantize kernel");
 }
 
+namespace {
+
+// One of the BF16 ops' grid-stride kernels over the tensor; `what` names it in an error.
+template <class Element, class In, class Out>
+std::string launch_bf16(const In* in, const float* scale, const uint16_t* zero_point,
+                        bool per_channel, const Geometry& g, Out* out, void* stream,
+                        const char* what) {
+  if (g.num_elements == 0) return "";
+  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads,
+               static_cast<cudaStream_t>(stream), bf16_linear_kernel<Element, In, Out>)(
+      in, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, out);
+  return launch_status(what);
+}
+
+}  // namespace
+
 std::string launch_bf16_quantize_linear(const float* x, const float* scale,
                                         const uint16_t* zero_point, bool per_channel,
                                         const Geometry& g, uint16_t* y, void* stream) {
-  if (g.num_elements == 0) return "";
-  const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads, s,
-               bf16_linear_kernel<Bf16QuantizeElement, float, uint16_t>)(
-      x, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, y);
-  return launch_status("the bfloat16 quantize kernel");
+  return launch_bf16<Bf16QuantizeElement>(x, scale, zero_point, per_channel, g, y, stream,
+                                          "the bfloat16 quantize kernel");
 }
 
 std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
                                           const uint16_t* zero_point, bool per_channel,
                                           const Geometry& g, float* x, void* stream) {
-  if (g.num_elements == 0) return "";
-  const auto s = static_cast<cudaStream_t>(stream);
-  MXOPS_LAUNCH(elementwise_grid(g.num_elements, kThreads), kThreads, s,
-               bf16_linear_kernel<Bf16DequantizeElement, uint16_t, float>)(
-      y, scale, zero_point, per_channel, g.num_elements, g.length, g.inner, x);
-  return launch_status("the bfloat16 dequantize kernel");
+  return launch_bf16<Bf16DequantizeElement>(y, scale, zero_point, per_channel, g, x, stream,
+                                            "the bfloat16 dequantize kernel");
+}
+
+std::string launch_bf16_quantize_dequantize(const float* x, const float* scale,
+                                            const uint16_t* zero_point, bool per_channel,
+                                            const Geometry& g, float* y, void* stream) {
+  return launch_bf16<Bf16QuantizeDequantizeElement>(x, scale, zero_point, per_channel, g, y,
+                                                    stream,
+                                                    "the bfloat16 quantize-dequantize kernel");
 }
 
 }  // namespace mxops::gpu

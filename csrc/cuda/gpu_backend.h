@@ -26,5 +26,9 @@ std::string launch_bf16_quantize_linear(const float* x, const float* scale,
 std::string launch_bf16_dequantize_linear(const uint16_t* y, const float* scale,
                                           const uint16_t* zero_point, bool per_channel,
                                           const Geometry& geometry, float* x, void* stream);
+// BF16QuantizeDequantize, as cpu::bf16_quantize_dequantize.
+std::string launch_bf16_quantize_dequantize(const float* x, const float* scale,
+                                            const uint16_t* zero_point, bool per_channel,
+                                            const Geometry& geometry, float* y, void* stream);
 
 }  // namespace mxops::gpu

@@ -145,26 +145,33 @@ MXOPS_C_EXPORT int mxops_gpu_qdq(const char* op, const char* attrs, const char* 
   }
 }
 
-// ExtendedQuantizeLinear (direction 0: float32 x -> bfloat16 y) or ExtendedDequantizeLinear
-// (direction 1: bfloat16 x -> float32 y) with a bfloat16 zero point. scale (float32) and
+// ExtendedQuantizeLinear (direction 0: float32 x -> bfloat16 y), ExtendedDequantizeLinear
+// (direction 1: bfloat16 x -> float32 y) or BF16QuantizeDequantize (direction 2: float32 x ->
+// float32 y) with a bfloat16 zero point. scale (float32) and
 // zero_point (bfloat16 bits) hold one value, or, with per_channel, shape[axis] values.
 MXOPS_C_EXPORT int mxops_gpu_bf16_qdq(int direction, const int64_t* shape, int rank, int axis,
                                       int per_channel, const void* x, const float* scale,
                                       const uint16_t* zero_point, void* y, void* stream,
                                       char* err, size_t err_len) {
   try {
-    const std::string op_name =
-        direction == 0 ? "ExtendedQuantizeLinear" : "ExtendedDequantizeLinear";
-    if (direction != 0 && direction != 1) throw InvalidArgument{"direction must be 0 or 1"};
-    const mxops::Geometry g = mxops::make_geometry(op_name, make_shape(shape, rank), axis);
-    const std::string status =
-        direction == 0
-            ? mxops::gpu::launch_bf16_quantize_linear(static_cast<const float*>(x), scale,
-                                                      zero_point, per_channel != 0, g,
-                                                      static_cast<uint16_t*>(y), stream)
-            : mxops::gpu::launch_bf16_dequantize_linear(static_cast<const uint16_t*>(x), scale,
-                                                        zero_point, per_channel != 0, g,
-                                                        static_cast<float*>(y), stream);
+    static const char* const names[] = {"ExtendedQuantizeLinear", "ExtendedDequantizeLinear",
+                                        "BF16QuantizeDequantize"};
+    if (direction < 0 || direction > 2) throw InvalidArgument{"direction must be 0, 1 or 2"};
+    const mxops::Geometry g = mxops::make_geometry(names[direction], make_shape(shape, rank), axis);
+    const bool pc = per_channel != 0;
+    std::string status;
+    if (direction == 0)
+      status = mxops::gpu::launch_bf16_quantize_linear(static_cast<const float*>(x), scale,
+                                                       zero_point, pc, g,
+                                                       static_cast<uint16_t*>(y), stream);
+    else if (direction == 1)
+      status = mxops::gpu::launch_bf16_dequantize_linear(static_cast<const uint16_t*>(x), scale,
+                                                         zero_point, pc, g,
+                                                         static_cast<float*>(y), stream);
+    else
+      status = mxops::gpu::launch_bf16_quantize_dequantize(static_cast<const float*>(x), scale,
+                                                           zero_point, pc, g,
+                                                           static_cast<float*>(y), stream);
     if (!status.empty()) return fail(err, err_len, status);
     return 0;
   } catch (const InvalidArgument& e) {

@@ -55,6 +55,12 @@ struct CpuBackend {
                                      const Geometry& g, float* x) {
     cpu::bf16_dequantize_linear(y, scale, zero_point, per_channel, g, x, ort_thread_pool(context));
   }
+  static void bf16_quantize_dequantize(OrtKernelContext* context, const std::string& /*label*/,
+                                       const float* x, const float* scale,
+                                       const uint16_t* zero_point, bool per_channel,
+                                       const Geometry& g, float* y) {
+    cpu::bf16_quantize_dequantize(x, scale, zero_point, per_channel, g, y, ort_thread_pool(context));
+  }
 };
 
 }  // namespace mxops::ort

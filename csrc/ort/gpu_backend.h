@@ -41,6 +41,13 @@ struct GpuBackend {
     check(label, gpu::launch_bf16_dequantize_linear(y, scale, zero_point, per_channel, g, x,
                                                     stream(context)));
   }
+  static void bf16_quantize_dequantize(OrtKernelContext* context, const std::string& label,
+                                       const float* x, const float* scale,
+                                       const uint16_t* zero_point, bool per_channel,
+                                       const Geometry& g, float* y) {
+    check(label, gpu::launch_bf16_quantize_dequantize(x, scale, zero_point, per_channel, g, y,
+                                                      stream(context)));
+  }
 
  private:
   static void* stream(OrtKernelContext* context) {

@@ -12,6 +12,7 @@
 //                                    const uint16_t* zero_point, bool per_channel,
 //                                    const Geometry&, uint16_t* y);
 //   static void bf16_dequantize_linear(... const uint16_t* y, ... float* x);
+//   static void bf16_quantize_dequantize(... const float* x, ... float* y);
 //
 // (cpu_backend.h, gpu_backend.h in this folder). Kernels hold only validated, immutable
 // parameters: one session may run on many threads and with changing input ranks.
@@ -116,7 +117,8 @@ struct BlockOp : Ort::CustomOpBase<BlockOp<Backend>, BlockKernel<Backend>, true>
 };
 
 // ------------------------------------------------------------------------------------------
-// ExtendedQuantizeLinear / ExtendedDequantizeLinear with a bfloat16 zero point
+// ExtendedQuantizeLinear / ExtendedDequantizeLinear with a bfloat16 zero point, and the two
+// in one node (BF16QuantizeDequantize, our own domain): float32 -> float32
 // ------------------------------------------------------------------------------------------
 
 // Per tensor (one scale) or per channel (one scale per index of `axis`); sets per_channel.
@@ -148,6 +150,9 @@ struct LinearKernel {
       if (kind == OpKind::kBf16Quantize)
         Backend::bf16_quantize_linear(context, label, input.GetTensorData<float>(), s, zp, per_channel, g,
                                       static_cast<uint16_t*>(output.GetTensorMutableRawData()));
+      else if (kind == OpKind::kBf16QuantizeDequantize)
+        Backend::bf16_quantize_dequantize(context, label, input.GetTensorData<float>(), s, zp,
+                                          per_channel, g, output.GetTensorMutableData<float>());
       else
         Backend::bf16_dequantize_linear(context, label, static_cast<const uint16_t*>(input.GetTensorRawData()),
                                         s, zp, per_channel, g, output.GetTensorMutableData<float>());
@@ -174,15 +179,16 @@ struct LinearOp : Ort::CustomOpBase<LinearOp<Backend>, LinearKernel<Backend>, tr
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-    return quantize() ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+    return spec_.kind == OpKind::kBf16Dequantize ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16
+                                                 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const {
-    return quantize() ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return spec_.kind == OpKind::kBf16Quantize ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16
+                                               : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
 
  private:
-  bool quantize() const { return spec_.kind == OpKind::kBf16Quantize; }
   OpSpec spec_;
 };
 
