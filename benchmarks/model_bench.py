@@ -44,8 +44,6 @@ __all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_b
 LAYOUT_OPS = ("ReorderInput", "ReorderOutput")  # onnxruntime's NCHW <-> NCHWc conversions
 _OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN)
 DEFAULT_CONFIGS = ("BFP16", "MX9", "MXFP8E4M3", "MXINT8", "BF16")
-# The label of BF16 quantized with bf16_qdq_fused (timed beside BF16 whenever BF16 is).
-_BF16_FUSED = BF16_FUSED
 
 
 @dataclass
@@ -269,16 +267,14 @@ def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dic
     """Model paths per variant label (each config, BF16 also as one fused node per tensor,
     and with ``opts.nchwc`` each one's pre-optimised form and the float model's) and what was
     done to make each."""
-    from dataclasses import replace
-
     from ort_mx_ops.quantizer import get_config, quantize_model
     from ort_mx_ops.quantizer.nchwc import optimize_nchwc
     paths, info = {}, {}
     variants: list[tuple[str, Any, dict]] = []
     for config in opts.configs:
         variants.append((config, config, {}))
-        if config == "BF16":  # our one-node form: it must give the pair's bits
-            variants.append((_BF16_FUSED, replace(get_config("BF16"), bf16_qdq_fused=True),
+        if config == "BF16":  # our one-node form (BF16_FUSED): it must give the pair's bits
+            variants.append((BF16_FUSED, get_config("BF16").replace(bf16_qdq_fused=True),
                              {"same_as": "BF16"}))
     if opts.nchwc:
         # the control: the float model pre-optimised and run the same way (nothing rewritten)
