@@ -116,6 +116,26 @@ def test_variants_match_reference(case, dtype, isa):
                        f"{attrs} L={lanes} {dtype} {shape} {isa}")
 
 
+# Rows of many pixels: the CPU walker's NCHWc work units then span several 128-column tiles
+# (about 16 Ki elements each: 4096 columns for MXINT8 with nchwc_block 8) and the row's last
+# unit is partial; a block narrower than the NCHWc block (BFP16, L 8) takes the flat view.
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+@pytest.mark.parametrize("config", ["MXINT8", "MX9", "BFP16", "MXFP4E2M1"])
+def test_units_of_many_tiles_match_reference(config, lanes, isa):
+    spec = formats.CONFIGS[config]
+    rng = np.random.default_rng(zlib.crc32(f"wide {config} {lanes}".encode()))
+    nat, ref = _fns(spec.op)
+    for shape in [(1, 32, 24, 41), (2, 16, 7, 300)]:
+        x = _adversarial(shape, "float32", rng)
+        attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
+        want = ref(x, **attrs)
+        for threads in (1, 2):
+            with cpu_path(isa):
+                got = nat(x, threads=threads, **attrs)
+            assert_bits_equal(got, want, f"{config} L={lanes} {shape} {isa} threads={threads}")
+
+
 def test_layout_is_the_blocked_memory_order():
     """nchwc_block = L reads [N, C/L, H, W, L]: the same numbers as the plain op on the
     logical tensor, stored back in the blocked order (and different from the plain op on

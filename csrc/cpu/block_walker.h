@@ -52,6 +52,7 @@ struct UnitPlan {
   int64_t units = 0;       // work units of the tensor
   int64_t unit_elements;   // elements of a full unit
   int64_t chunk = 0;       // blocked axis innermost: elements per unit along a row
+  int64_t tile_columns = kTileColumns;  // blocked axis outer: columns per unit
 };
 
 // The blocks of `p` along the walk's `length`: block_size elements, or block_size / lanes
@@ -69,10 +70,15 @@ MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size) {
     p.units = g.outer * per_row;
     p.unit_elements = p.chunk < g.length ? p.chunk : g.length;
   } else {
-    const int64_t tiles = (g.inner + kTileColumns - 1) / kTileColumns;
+    // The NCHWc view: a block is only block_size / lanes rows, so a unit of kTileColumns
+    // columns would hold a few hundred elements; a unit of whole kTileColumns-column tiles
+    // side by side holds about kChunk (lanes_tile walks them in one pass).
+    if (g.lanes > 1 && bs < kChunk / kTileColumns) p.tile_columns = kChunk / bs / kTileColumns * kTileColumns;
+    const int64_t tw = p.tile_columns;
+    const int64_t tiles = (g.inner + tw - 1) / tw;
     const int64_t blocks = (g.length + bs - 1) / bs;
     p.units = g.outer * blocks * tiles;
-    p.unit_elements = (bs < g.length ? bs : g.length) * (g.inner < kTileColumns ? g.inner : kTileColumns);
+    p.unit_elements = (bs < g.length ? bs : g.length) * (g.inner < tw ? g.inner : tw);
   }
   return p;
 }
@@ -319,7 +325,7 @@ struct Walker {
     I bmin{};
 #pragma GCC unroll 16
     for (int i = 0; i < W; ++i) {
-      prefetch(p + i * W, q + i * W);
+      if ((i * W * sizeof(T)) % 64 == 0) prefetch(p + i * W, q + i * W);  // once per cache line
       const F v = load(p + i * W);
       keys[i] = pol.key(v);
       if constexpr (kPlain > 0) kmin = i == 0 ? keys[i] : imin(kmin, keys[i]);
@@ -942,8 +948,8 @@ struct Walker {
   }
 
   // The block of `n` rows from `base` (a multiple of `lanes` columns into its row) over `cols`
-  // columns (a multiple of lanes), W columns per vector; the columns left over (W > lanes)
-  // by the scalar walker.
+  // columns (a multiple of lanes, any number of kTileColumns-column tiles), W columns per
+  // vector; the columns left over (W > lanes) by the scalar walker.
   void lanes_tile(int64_t base, int64_t n, int64_t cols) const {
     const Pol pol = this->pol;
     const T* const px = x + base;
@@ -970,6 +976,17 @@ struct Walker {
         return;
       }
     }
+    for (int64_t c0 = 0; c0 < cols; c0 += kTileColumns)
+      lanes_tile_columns(pol, base + c0, n, min64(kTileColumns, cols - c0));
+  }
+
+  // lanes_tile's general form over at most kTileColumns columns: the block maxima of every
+  // column vector first, then the rows.
+  void lanes_tile_columns(const Pol& pol, int64_t base, int64_t n, int64_t cols) const {
+    const T* const px = x + base;
+    T* const py = y + base;
+    const int64_t inner = this->inner, lanes = this->lanes;
+    const int64_t nv = cols / W;
     K k[kTileVectors];
     I s[kTileVectors] = {};
     column_max(pol, px, n, inner, nv, k);
@@ -1008,13 +1025,19 @@ struct Walker {
       }
       return;
     }
-    const int64_t tiles = (inner + kTileColumns - 1) / kTileColumns;
+    // (the unit's tile, block and outer index counted along, not divided out per unit)
+    const int64_t tw = plan.tile_columns;
+    const int64_t tiles = (inner + tw - 1) / tw;
     const int64_t blocks = (length + bs - 1) / bs;
+    int64_t tile = u0 % tiles, blk = (u0 / tiles) % blocks, o = u0 / (tiles * blocks);
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t tile = u % tiles, blk = (u / tiles) % blocks, o = u / (tiles * blocks);
-      const int64_t j0 = blk * bs, col0 = tile * kTileColumns;
+      const int64_t j0 = blk * bs, col0 = tile * tw;
       const int64_t base = (o * length + j0) * inner + col0;
-      const int64_t n = min64(bs, length - j0), cols = min64(kTileColumns, inner - col0);
+      const int64_t n = min64(bs, length - j0), cols = min64(tw, inner - col0);
+      if (++tile == tiles) {
+        tile = 0;
+        if (++blk == blocks) blk = 0, ++o;
+      }
       if constexpr (!Stream) {  // (stream_supported excludes the NCHWc view)
         if (lanes > 1) {
           lanes_tile(base, n, cols);

@@ -119,8 +119,33 @@ struct VecLanes {
   }
   template <class V>
   static MXOPS_VINL V broadcast_lane(V v, int i) {
+#if MXOPS_SIMD_WIDTH == 8
+    // The walker's loops over lanes unroll, so i is a constant here: the 128-bit half that
+    // holds lane i copied to both halves, then an in-lane shuffle. The copies are shared by
+    // the calls for all eight lanes, so a broadcast costs one fast shuffle where a general
+    // permute first builds its index vector (three instructions more).
+    switch (i) {
+      case 0: return broadcast_lane_of<0>(v);
+      case 1: return broadcast_lane_of<1>(v);
+      case 2: return broadcast_lane_of<2>(v);
+      case 3: return broadcast_lane_of<3>(v);
+      case 4: return broadcast_lane_of<4>(v);
+      case 5: return broadcast_lane_of<5>(v);
+      case 6: return broadcast_lane_of<6>(v);
+      default: return broadcast_lane_of<7>(v);
+    }
+#else
     return __builtin_shuffle(v, I{} + i);
+#endif
   }
+#if MXOPS_SIMD_WIDTH == 8
+  template <int kLane, class V>
+  static MXOPS_VINL V broadcast_lane_of(V v) {
+    const __m256 f = reinterpret_cast<__m256>(v);
+    const __m256 half = _mm256_permute2f128_ps(f, f, kLane < 4 ? 0x00 : 0x11);
+    return reinterpret_cast<V>(_mm256_permute_ps(half, (kLane & 3) * 0x55));
+  }
+#endif
 
   template <class IO, bool Exact = false>
   static MXOPS_VINL F load(const typename IO::T* p) {
