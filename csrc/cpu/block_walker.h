@@ -991,8 +991,8 @@ struct Walker {
     I s[kTileVectors] = {};
     column_max(pol, px, n, inner, nv, k);
     column_groups_max(k, nv, lanes);
+    for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
     if constexpr (Pol::kSubBlocks) {
-      for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
       const int64_t sub = this->sub;
       const int64_t sub_rows = sub > lanes ? sub / lanes : 1;
       const int64_t sub_cols = sub > lanes ? lanes : sub;
@@ -1003,7 +1003,6 @@ struct Walker {
       else if (fast) lanes_sub_blocks<true, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else lanes_sub_blocks<false, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
     } else {
-      for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
       whole_block_rows(pol, px, py, n, inner, nv, s);
     }
     if constexpr (W > 1)

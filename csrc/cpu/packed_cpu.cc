@@ -12,7 +12,7 @@ void packed_dequantize(const packed::PackedParams& params, const packed::PackedB
                        int64_t n, const int64_t* exception_indices, const float* exception_values,
                        int64_t exception_count, float* y, const TaskRunner& run) {
   const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
-  run(tasks, [&](int64_t task) {
+  run_tasks(run, tasks, [&](int64_t task) {
     const int64_t begin = task * kElementsPerTask;
     const int64_t end = std::min(n, begin + kElementsPerTask);
     for (int64_t i = begin; i < end; ++i) y[i] = packed::decode_element(params, in, i);

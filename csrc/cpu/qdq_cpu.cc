@@ -51,8 +51,7 @@ inline void for_each_run(int64_t begin, int64_t end, const In* in, Out* out, Bod
 template <class Body>
 void for_each_chunk(int64_t n, const TaskRunner& run, Body body) {
   const int64_t tasks = (n + kElementsPerTask - 1) / kElementsPerTask;
-  if (tasks == 1) return body(0, n);  // (as in quantize_dequantize)
-  run(tasks, [&](int64_t task) {
+  run_tasks(run, tasks, [&](int64_t task) {
     const int64_t begin = task * kElementsPerTask;
     body(begin, std::min(n, begin + kElementsPerTask));
   });
@@ -137,18 +136,14 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
-  auto task_body = [&](int64_t task) {
+  run_tasks(run, tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);
 #if defined(__x86_64__)
     if (isa == Isa::kAvx512) return simd16::run_units(p, t, x, y, g, u0, u1);
     if (isa == Isa::kAvx2) return simd8::run_units(p, t, x, y, g, u0, u1);
 #endif
     with_walker<ScalarLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); });
-  };
-  // One task runs here without the runner: a small tensor's node would otherwise pay for
-  // wrapping the body in a std::function (a heap allocation) on every call.
-  if (tasks == 1) return task_body(0);
-  run(tasks, task_body);
+  });
 }
 
 namespace {

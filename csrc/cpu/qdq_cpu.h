@@ -29,6 +29,15 @@ Isa selected_isa();
 // A runner that does every task on the calling thread.
 void run_serial(int64_t n_tasks, const std::function<void(int64_t)>& body);
 
+// run(n_tasks, body), except that a single task runs here directly: a small tensor's node
+// would otherwise wrap `body` in a std::function (a heap allocation for a lambda with more
+// than two captures) on every call.
+template <class Body>
+void run_tasks(const TaskRunner& run, int64_t n_tasks, Body&& body) {
+  if (n_tasks == 1) return body(int64_t{0});
+  run(n_tasks, body);
+}
+
 // BFPQuantizeDequantize / MXQuantizeDequantize of the tensor `x` (type `t`, viewed as
 // `geometry`) into `y`, which must not overlap `x`. Writes every output element once and
 // allocates nothing the size of the tensor.

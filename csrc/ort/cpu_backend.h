@@ -32,7 +32,7 @@ struct CpuBackend {
   // In chunks over ORT's threads: a large weight copies faster on several cores.
   static void copy_floats(OrtKernelContext* context, const float* src, float* y, int64_t n) {
     constexpr int64_t kChunk = int64_t{1} << 16;
-    ort_thread_pool(context)((n + kChunk - 1) / kChunk, [&](int64_t t) {
+    cpu::run_tasks(ort_thread_pool(context), (n + kChunk - 1) / kChunk, [&](int64_t t) {
       const int64_t begin = t * kChunk;
       std::memcpy(y + begin, src + begin,
                   static_cast<size_t>(std::min(kChunk, n - begin)) * sizeof(float));
