@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from ort_mx_ops import native
+from conftest import assert_bits_equal
+from ort_mx_ops import formats, native, reference
 
 ISAS = ["avx2", "avx512"]
 
@@ -36,10 +37,11 @@ CASES = [
     ("MX", dict(element_dtype="fp4_e2m1", block_size=64)),
 ]
 
-# Blocked axis outer: rows 300 / 70 elements apart take the column walk, rows 4 KiB apart
-# (1024 float32) the tile walk (block_walker.h, column_walk_fits).
+# Blocked axis outer: rows 300 / 70 elements apart take the column walk, rows 2 KiB apart
+# (512 float32) the column walk with kept rows for blocks of 16 and 32, rows 4 KiB apart
+# (1024 float32) the tile walk, or kept rows for blocks of 8 (block_walker.h, column_walk).
 SHAPES = [((3, 517), 1), ((5, 4096), 1), ((2, 40, 37), 1), ((48, 300), 0), ((33, 70), 0),
-          ((40, 1024), 0), ((2, 19, 3, 17), 1)]
+          ((64, 512), 0), ((40, 1024), 0), ((2, 19, 3, 17), 1)]
 
 
 def _inputs(shape, dtype, rng):
@@ -90,6 +92,30 @@ def _run(op, x, dtype, attrs, isa):
     with cpu_path(isa):
         fn = native.bfp_quantize_dequantize if op == "BFP" else native.mx_quantize_dequantize
         return fn(x, dtype="bfloat16" if dtype == "bfloat16" else None, threads=2, **attrs)
+
+
+# Blocked axis outer with rows 1, 2 and 4 KiB apart, whose column walks depend on where the
+# output lies against the input (block_walker.h, column_walk): the input at three offsets
+# into its buffer (the output's place is numpy's), every path against the numpy reference.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("config", ["MXINT8", "MX9", "BFP16", "MXFP4E2M1"])
+def test_outer_column_walks_match_reference(config, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = ((native.bfp_quantize_dequantize, reference.bfp_quantize_dequantize)
+                if spec.op == "BFP" else (native.mx_quantize_dequantize, reference.mx_quantize_dequantize))
+    rng = np.random.default_rng(len(config))
+    for shape in [(160, 256), (96, 512), (64, 1024)]:
+        x = _inputs(shape, "float32", rng)
+        attrs = dict(spec.attrs, axis=0)
+        want = ref(x, **attrs)
+        n = x.size
+        for offset in (0, 5, 16):
+            buf = np.empty(n + 16, np.float32)
+            moved = buf[offset:offset + n].reshape(shape)
+            moved[...] = x
+            with cpu_path(isa):
+                got = nat(moved, threads=2, **attrs)
+            assert_bits_equal(got, want, f"{config} {shape} input offset {offset} {isa}")
 
 
 @pytest.mark.parametrize("isa", ISAS)

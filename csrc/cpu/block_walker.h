@@ -540,34 +540,50 @@ struct Walker {
       }
   }
 
-  // Whether the column walk (column_tile) suits rows `inner` elements apart: it reads a
-  // column's n rows twice (maxima, then results), so they must stay in the L1 cache between
-  // the passes. Rows a multiple of 4 KiB apart all fall into one L1 set (64 sets of 64-byte
-  // lines on current x86 cores), 2 KiB apart into two, ...: with the 8 ways of a set, n rows
-  // (and as many output rows) in S sets evict each other once n reaches 8 S. Measured on the
-  // AVX2 development machine: MXINT8 (32 rows) at 4 KiB strides 0.1x Neg where the tile walk
-  // gives 0.5x, and BFP16 (8 rows) 0.25x against 0.45x; at 4 sets (strides of 1, 3, 9 KiB)
-  // 32 rows are as fast as or faster than the tile walk. Sub-blocks read each sub-block a
-  // third time (MX9, 16 rows in 2 sets: 0.4x against 0.56x).
-  static MXOPS_VINL bool column_walk_fits(int64_t n, int64_t inner) {
+  // How strided_tile walks a block of n rows `inner` apart.
+  enum class ColumnWalk { kColumns, kKeptColumns, kTile };
+
+  // The column walk (column_tile) reads a column's n rows twice (maxima, then results), so
+  // they must stay in the L1 cache between the passes, beside the n output lines it writes.
+  // Rows a multiple of 4 KiB apart all fall into one L1 set (64 sets of 64-byte lines on
+  // current x86 cores), 2 KiB apart into two, ...: with the 8 ways of a set, n rows in S sets
+  // evict each other once n reaches 8 S, and sooner where the output's lines fall into the
+  // same sets as the input's (x and y the same distance past a 4 KiB boundary, as large
+  // allocations often are). Measured on the AVX2 development machine: MXINT8 (32 rows) at
+  // 4 KiB strides 0.1x Neg where the tile walk gives 0.5x, and BFP16 (8 rows) 0.25x against
+  // 0.45x; at 4 sets (strides of 1, 3, 9 KiB) 32 rows are as fast as or faster than the tile
+  // walk. Sub-blocks read each sub-block a third time (MX9, 16 rows in 2 sets: 0.4x against
+  // 0.56x).
+  // Where the rows do not fit, kKeptColumns (n of the built-in block sizes) reads each row
+  // once and keeps it in a small local buffer for the second pass. Measured with the output
+  // in the input's sets, one thread, ns per element: MXINT8 at 1 KiB strides 0.26 -> 0.21,
+  // at 2 KiB 0.35 -> 0.28; MX9 at 2 KiB 0.32 -> 0.27; BFP16 at 4 KiB 0.42 -> 0.31. At 4 KiB
+  // strides MXINT8 and MX9 stay faster with the tile walk (0.38 against 0.42-0.44 kept).
+  static MXOPS_VINL ColumnWalk column_walk(int64_t n, int64_t inner, const T* x, const T* y) {
     constexpr int64_t kLine = 64, kSets = 64, kWays = 8;
     const int64_t stride = inner * int64_t(sizeof(T));
-    if (stride % kLine != 0) return true;  // rows at varying offsets in their lines: spread out
+    if (stride % kLine != 0) return ColumnWalk::kColumns;  // rows at varying offsets: spread out
     const int64_t lines = stride / kLine;
-    const int64_t sets = kSets >> min64(__builtin_ctzll(static_cast<unsigned long long>(lines)), 6);
-    if (sets >= 4 && !Pol::kSubBlocks) return n <= kWays * sets;
-    return n < kWays * sets;
+    const int shift = static_cast<int>(min64(__builtin_ctzll(static_cast<unsigned long long>(lines)), 6));
+    const int64_t sets = kSets >> shift;
+    // the output rows in the input rows' sets: their set distance a multiple of the sets' spacing
+    const uint64_t d = (reinterpret_cast<uintptr_t>(y) / kLine - reinterpret_cast<uintptr_t>(x) / kLine) % kSets;
+    const int64_t per_set = (n + sets - 1) / sets * (d % (uint64_t{1} << shift) == 0 ? 2 : 1);
+    if (sets >= 4 ? per_set <= kWays : per_set < kWays) return ColumnWalk::kColumns;
+    if ((n == 8 || n == 16 || n == 32) && (sets >= 2 || n <= 8)) return ColumnWalk::kKeptColumns;
+    return ColumnWalk::kTile;
   }
 
   // Down n rows `inner` apart from p, per column vector c of kCols (p + c * W): the greatest
   // key in k[c] and, for the plain form (Pol::kPlain), the least key in kmin[c] and the least
   // bit pattern (as signed) in bmin[c].
-  template <int kCols>
+  template <int kCols, bool kKeep = false>
   static MXOPS_VINL void column_keys(const Pol& pol, const T* p, int64_t n, int64_t inner, K* k,
-                                     K* kmin, I* bmin) {
+                                     K* kmin, I* bmin, F* keep = nullptr) {
     constexpr int kPlain = Pol::kPlain;
     for (int c = 0; c < kCols; ++c) {
       const F xv = load(p + c * W);
+      if constexpr (kKeep) keep[c] = xv;
       k[c] = pol.key(xv);
       if constexpr (kPlain > 0) kmin[c] = k[c];
       if constexpr (kPlain > 1) bmin[c] = as_int(f2u(xv));
@@ -577,6 +593,7 @@ struct Walker {
       p += inner;
       for (int c = 0; c < kCols; ++c) {
         const F xv = load(p + c * W);
+        if constexpr (kKeep) keep[j * kCols + c] = xv;
         const K kv = pol.key(xv);
         k[c] = imax(k[c], kv);
         if constexpr (kPlain > 0) kmin[c] = imin(kmin[c], kv);
@@ -585,20 +602,31 @@ struct Walker {
     }
   }
 
+  // Column vector c of row j for the second pass of a column walk: from `keep` (column_keys'
+  // copy, kKeep) or again from p, the row's first element.
+  template <int kCols, bool kKeep>
+  static MXOPS_VINL F row_vector(const F* keep, const T* p, int64_t j, int c) {
+    if constexpr (kKeep) return keep[j * kCols + c];
+    else return load(p + c * W);
+  }
+
   // Rows [0, n) of a tile without sub-blocks, kCols column vectors at a time: their block
   // maxima, their parameters, then their rows, so the parameters stay in registers (the
   // row-wise walk of whole_block_rows reloads every vector's parameters from the stack: about
   // twice the instructions per element on in-cache tensors). Two columns of float32 share a
   // cache line, so each line is fetched once per pass. kN > 0: n, fixed at compile time for
   // the block sizes of the built-in formats, so the loops over the rows unroll.
-  template <int64_t kN, int kCols>
+  template <int64_t kN, int kCols, bool kKeep = false>
   MXOPS_VINL void column_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
                                 int64_t inner) const {
+    static_assert(!kKeep || kN > 0, "kept rows need n fixed at compile time");
     const int64_t n = kN > 0 ? kN : n_rows;
     constexpr int kPlain = Pol::kPlain;
     K k[kCols], kmin[kCols];
     I bmin[kCols];
-    column_keys<kCols>(pol, col, n, inner, k, kmin, bmin);
+    F keep[kKeep ? kN * kCols : 1];
+    column_keys<kCols, kKeep>(pol, col, n, inner, k, kmin, bmin, keep);
+    auto in = [&](const T* p, int64_t j, int c) { return row_vector<kCols, kKeep>(keep, p, j, c); };
     // The second pass reads the rows again (from L1): keeping the first pass's vectors in
     // registers instead spills them on AVX2's 16 registers.
     __asm__ volatile("" ::: "memory");
@@ -619,13 +647,13 @@ struct Walker {
         if (plain) {
 #pragma GCC unroll 4
           for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
-            for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_plain(load(p + c * W), prm[c]));
+            for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_plain(in(p, j, c), prm[c]));
           return;
         }
       }
 #pragma GCC unroll 4
       for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
-        for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_fast(load(p + c * W), prm[c]));
+        for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_fast(in(p, j, c), prm[c]));
     } else {
       for (int c = 0; c < kCols; ++c) {
         const Params prm = pol.params(s[c], s[c]);
@@ -638,13 +666,16 @@ struct Walker {
   // column_blocks for the sub-blocks of to_bfp_prime: the block maxima of kCols column
   // vectors, then their sub-blocks of `sub` rows in order, each sub-block's maximum and
   // parameters from the rows it reads.
-  template <int64_t kN, int kCols>
+  template <int64_t kN, int kCols, bool kKeep = false>
   MXOPS_VINL void column_sub_blocks(const Pol& pol, const T* col, T* out, int64_t n_rows,
                                     int64_t inner, int64_t sub) const {
+    static_assert(!kKeep || kN > 0, "kept rows need n fixed at compile time");
     const int64_t n = kN > 0 ? kN : n_rows;
     K k[kCols], kmin[kCols];
     I bmin[kCols];
-    column_keys<kCols>(pol, col, n, inner, k, kmin, bmin);  // (to_bfp_prime: no plain form)
+    F keep[kKeep ? kN * kCols : 1];
+    column_keys<kCols, kKeep>(pol, col, n, inner, k, kmin, bmin, keep);  // (to_bfp_prime: no plain form)
+    auto in = [&](const T* p, int64_t j, int c) { return row_vector<kCols, kKeep>(keep, p, j, c); };
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     I s[kCols];
     bool fast = true, normal = true;
@@ -659,7 +690,7 @@ struct Walker {
 #pragma GCC unroll 2
       for (int64_t j = 0; j < n; j += 2, p += 2 * inner, q += 2 * inner)
         for (int c = 0; c < kCols; ++c) {
-          const F x0 = load(p + c * W), x1 = load(p + inner + c * W);
+          const F x0 = in(p, j, c), x1 = in(p + inner, j + 1, c);
           const auto prm = pol.fast_params(s[c], pol.exponent(imax(pol.key(x0), pol.key(x1))));
           store(q + c * W, pol.apply_normal(x0, prm));
           store(q + inner + c * W, pol.apply_normal(x1, prm));
@@ -669,31 +700,31 @@ struct Walker {
     for (int c = 0; c < kCols; ++c)
       for (int64_t a = 0; a < n; a += sub) {
         const int64_t len = min64(sub, n - a);
-        const T* const rows = col + a * inner + c * W;
+        const T* const rows = col + a * inner;
         T* const outs = out + a * inner + c * W;
-        K km = pol.key(load(rows));
-        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(rows + j * inner)));
+        K km = pol.key(in(rows, a, c));
+        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(in(rows + j * inner, a + j, c)));
         const I sm = pol.exponent(km);
         if (fast) {
           const auto prm = pol.fast_params(s[c], sm);
-          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply_fast(load(rows + j * inner), prm));
+          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply_fast(in(rows + j * inner, a + j, c), prm));
         } else {
           const Params prm = pol.params(s[c], sm);
-          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply(load(rows + j * inner), prm));
+          for (int64_t j = 0; j < len; ++j) store(outs + j * inner, pol.apply(in(rows + j * inner, a + j, c), prm));
         }
       }
   }
 
-  template <int64_t kN>
+  template <int64_t kN, bool kKeep = false>
   MXOPS_VINL void column_tile(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
                               int64_t nv) const {
     int64_t v = 0;
     if constexpr (Pol::kSubBlocks) {
-      for (; v + 2 <= nv; v += 2) column_sub_blocks<kN, 2>(pol, px + v * W, py + v * W, n, inner, sub);
-      if (v < nv) column_sub_blocks<kN, 1>(pol, px + v * W, py + v * W, n, inner, sub);
+      for (; v + 2 <= nv; v += 2) column_sub_blocks<kN, 2, kKeep>(pol, px + v * W, py + v * W, n, inner, sub);
+      if (v < nv) column_sub_blocks<kN, 1, kKeep>(pol, px + v * W, py + v * W, n, inner, sub);
     } else {
-      for (; v + 2 <= nv; v += 2) column_blocks<kN, 2>(pol, px + v * W, py + v * W, n, inner);
-      if (v < nv) column_blocks<kN, 1>(pol, px + v * W, py + v * W, n, inner);
+      for (; v + 2 <= nv; v += 2) column_blocks<kN, 2, kKeep>(pol, px + v * W, py + v * W, n, inner);
+      if (v < nv) column_blocks<kN, 1, kKeep>(pol, px + v * W, py + v * W, n, inner);
     }
   }
 
@@ -707,13 +738,22 @@ struct Walker {
     const int64_t inner = this->inner, sub = this->sub;
     const int64_t nv = cols / W;
     if constexpr (!Stream) {
-      if (column_walk_fits(n, inner)) {
+      const ColumnWalk walk = column_walk(n, inner, x, y);
+      if (walk != ColumnWalk::kTile) {
         prefetch_next_tile(px, py, n, inner, cols, base % inner);
-        switch (n) {
-          case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
-          case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
-          case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
-          default: column_tile<0>(pol, px, py, n, inner, nv); break;
+        if (walk == ColumnWalk::kKeptColumns) {
+          switch (n) {
+            case 8: column_tile<8, true>(pol, px, py, n, inner, nv); break;
+            case 16: column_tile<16, true>(pol, px, py, n, inner, nv); break;
+            default: column_tile<32, true>(pol, px, py, n, inner, nv); break;
+          }
+        } else {
+          switch (n) {
+            case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
+            case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
+            case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
+            default: column_tile<0>(pol, px, py, n, inner, nv); break;
+          }
         }
         if constexpr (W > 1)
           if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
