@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_mx_ops
+from ort_mx_ops import native, reference
 
 ELEM_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
               "bfloat16": TensorProto.BFLOAT16}
@@ -69,6 +70,13 @@ def run_one_node(op: str, domain: str, attrs: dict, x: np.ndarray, elem: str,
                  threads: int = 1) -> np.ndarray:
     """Runs y = op(x) through onnxruntime in a one-node model and returns y."""
     return run_session(make_session(one_node_model(op, domain, attrs, elem), threads), x, elem)
+
+
+def native_and_reference(op: str):
+    """(native function, numpy reference function) of the block op `op` ("BFP" or "MX")."""
+    if op == "BFP":
+        return native.bfp_quantize_dequantize, reference.bfp_quantize_dequantize
+    return native.mx_quantize_dequantize, reference.mx_quantize_dequantize
 
 
 def bits(a: np.ndarray) -> np.ndarray:

@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_mx_ops
-from ort_mx_ops import _native, formats, native, reference
+from conftest import native_and_reference
+from ort_mx_ops import _native, formats, reference
 
 
 def test_python_and_native_catalogues_agree() -> None:
@@ -37,12 +38,6 @@ def test_python_and_native_catalogues_agree() -> None:
             allowed = got["allowed"]
             assert (None if allowed is None else sorted(allowed)) == \
                 (None if spec["allowed"] is None else sorted(spec["allowed"])), (op, attr)
-
-
-def _kernels(kind: str):
-    if kind == "BFP":
-        return native.bfp_quantize_dequantize, reference.bfp_quantize_dequantize
-    return native.mx_quantize_dequantize, reference.mx_quantize_dequantize
 
 
 def _range_cases():
@@ -69,7 +64,7 @@ def test_allowed_ranges_are_what_native_and_reference_accept(op, attr, base, ok,
     # nchwc_block needs a channel count it divides (tests/test_nchwc_kernel.py: the rest)
     x = np.random.default_rng(0).standard_normal(
         (2, 128 if attr == "nchwc_block" else 16)).astype(np.float32)
-    for fn in _kernels(kind):
+    for fn in native_and_reference(kind):
         for value in ok:
             attrs = dict(base, **{attr: value})
             if attr == "sub_block_size":
@@ -83,7 +78,7 @@ def test_allowed_ranges_are_what_native_and_reference_accept(op, attr, base, ok,
 
 def test_sub_block_size_must_divide_block_size() -> None:
     x = np.ones((2, 16), np.float32)
-    for fn in _kernels("BFP"):
+    for fn in native_and_reference("BFP"):
         with pytest.raises(ValueError, match="sub_block_size"):
             fn(x, bfp_method="to_bfp_prime", block_size=8, sub_block_size=3)
 
@@ -94,7 +89,7 @@ def test_defaults_are_what_a_node_without_attributes_computes() -> None:
     for kind in ("BFP", "MX"):
         op = formats.FORMAT_FAMILIES[kind]
         defaults = formats.OPS[op].defaults()
-        native_fn, reference_fn = _kernels(kind)
+        native_fn, reference_fn = native_and_reference(kind)
         want = reference_fn(x, **defaults)
         np.testing.assert_array_equal(native_fn(x).view(np.uint32), want.view(np.uint32))
         np.testing.assert_array_equal(reference_fn(x).view(np.uint32), want.view(np.uint32))
@@ -136,7 +131,7 @@ def test_every_catalogued_op_runs_under_its_name_and_domain(op: str) -> None:
         np.testing.assert_array_equal(
             y, reference.bfloat16_bits_to_float32(reference.float32_to_bfloat16_bits(x)))
     else:
-        want = _kernels(schema.kind)[1](x, **schema.defaults())
+        want = native_and_reference(schema.kind)[1](x, **schema.defaults())
         np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
 
 

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from conftest import assert_bits_equal
-from ort_mx_ops import formats, native, reference
+from conftest import assert_bits_equal, native_and_reference
+from ort_mx_ops import formats, native
 
 ISAS = ["avx2", "avx512"]
 
@@ -101,8 +101,7 @@ def _run(op, x, dtype, attrs, isa):
 @pytest.mark.parametrize("config", ["MXINT8", "MX9", "BFP16", "MXFP4E2M1"])
 def test_outer_column_walks_match_reference(config, isa):
     spec = formats.CONFIGS[config]
-    nat, ref = ((native.bfp_quantize_dequantize, reference.bfp_quantize_dequantize)
-                if spec.op == "BFP" else (native.mx_quantize_dequantize, reference.mx_quantize_dequantize))
+    nat, ref = native_and_reference(spec.op)
     rng = np.random.default_rng(len(config))
     for shape in [(160, 256), (96, 512), (64, 1024)]:
         x = _inputs(shape, "float32", rng)

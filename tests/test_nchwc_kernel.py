@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import assert_bits_equal, make_session, one_node_model, run_one_node, run_session
-from ort_mx_ops import formats, native, reference
+from conftest import (assert_bits_equal, make_session, native_and_reference, one_node_model,
+                      run_one_node, run_session)
+from ort_mx_ops import formats, native
 from test_cpu_simd import _inputs, cpu_path
 
 ISAS = ["scalar", "avx2", "avx512"]
@@ -21,12 +22,6 @@ CONFIGS = [name for name, spec in formats.CONFIGS.items() if spec.op != "BF16"]
 CHANNELS = [16, 24, 40, 64]
 # (N, spatial...): a column tile with a tail, several tiles (9 * 40 * L columns), rank 3 and 5
 SPATIAL = [(1, 5, 7), (2, 3, 11), (1, 9, 40), (2, 13), (1, 2, 3, 5)]
-
-
-def _fns(op: str):
-    if op == "BFP":
-        return native.bfp_quantize_dequantize, reference.bfp_quantize_dequantize
-    return native.mx_quantize_dequantize, reference.mx_quantize_dequantize
 
 
 def _adversarial(shape, dtype, rng):
@@ -51,7 +46,7 @@ def _adversarial(shape, dtype, rng):
 
 
 def _check(op, attrs, x, dtype, isa, context):
-    nat, ref = _fns(op)
+    nat, ref = native_and_reference(op)
     bf = "bfloat16" if dtype == "bfloat16" else None
     want = ref(x, dtype=bf, **attrs)
     with cpu_path(isa):
@@ -125,7 +120,7 @@ def test_variants_match_reference(case, dtype, isa):
 def test_units_of_many_tiles_match_reference(config, lanes, isa):
     spec = formats.CONFIGS[config]
     rng = np.random.default_rng(zlib.crc32(f"wide {config} {lanes}".encode()))
-    nat, ref = _fns(spec.op)
+    nat, ref = native_and_reference(spec.op)
     for shape in [(1, 32, 24, 41), (2, 16, 7, 300)]:
         x = _adversarial(shape, "float32", rng)
         attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
@@ -160,24 +155,26 @@ def test_through_onnxruntime(config, dtype):
     spec = formats.CONFIGS[config]
     op, domain = formats.block_op(spec.op)
     rng = np.random.default_rng(11)
+    ref = native_and_reference(spec.op)[1]
+    bf = "bfloat16" if dtype == "bfloat16" else None
     for lanes in (8, 16):
         attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
         sess = make_session(one_node_model(op, domain, attrs, dtype), threads=2)
         for c in (16, 48):
             x = _adversarial((1, c, 6, 9), dtype, rng)
-            want = _fns(spec.op)[1](x, dtype="bfloat16" if dtype == "bfloat16" else None, **attrs)
+            want = ref(x, dtype=bf, **attrs)
             assert_bits_equal(run_session(sess, x, dtype), want, f"{config} L={lanes} C={c}")
     legacy = formats.block_op(spec.op, legacy=True)
     x = _adversarial((1, 32, 4, 4), dtype, rng)
     attrs = dict(spec.attrs, axis=-3, nchwc_block=8)  # axis 1 counted from the end
-    want = _fns(spec.op)[1](x, dtype="bfloat16" if dtype == "bfloat16" else None, **attrs)
+    want = ref(x, dtype=bf, **attrs)
     assert_bits_equal(run_one_node(*legacy, attrs, x, dtype), want, f"{config} legacy")
 
 
 def test_empty_and_rank_two_inputs():
     for shape in [(0, 16, 3, 3), (2, 0, 3), (1, 16, 0, 4)]:
         x = np.zeros(shape, np.float32)
-        for fn in _fns("MX"):
+        for fn in native_and_reference("MX"):
             assert fn(x, nchwc_block=8).shape == shape
     x = _adversarial((3, 48), "float32", np.random.default_rng(5))
     _check("MX", dict(block_size=32, nchwc_block=16), x, "float32", "avx2" if
@@ -206,7 +203,7 @@ BAD = [
 def test_bad_values_are_errors(attrs, shape, words):
     x = np.ones(shape, np.float32)
     before = x.copy()
-    for fn in _fns("BFP"):
+    for fn in native_and_reference("BFP"):
         with pytest.raises(ValueError) as info:
             fn(x, **attrs)
         for w in words:
@@ -225,7 +222,7 @@ def test_a_block_straddling_two_nchwc_blocks_needs_whole_ones():
     x = _adversarial((1, 48, 3, 3), "float32", np.random.default_rng(2))
     for bs, lanes in [(8, 16), (16, 8)]:
         _check("MX", dict(block_size=bs, nchwc_block=lanes), x, "float32", "scalar", str(bs))
-    for fn in _fns("MX"):
+    for fn in native_and_reference("MX"):
         with pytest.raises(ValueError, match="nchwc_block"):
             fn(x, block_size=24, nchwc_block=16)
 
