@@ -117,6 +117,50 @@ def test_outer_column_walks_match_reference(config, isa):
             assert_bits_equal(got, want, f"{config} {shape} input offset {offset} {isa}")
 
 
+def _near_clamp_blocks(shape, block_size, rng):
+    """Finite float32 blocks down axis 0 whose greatest magnitude has a mantissa on a grid
+    of 2^-6 or near 2 (2 - k * 2^-10, k <= 40), each also 2^-20 either side: every format's
+    rounding of it reaches the clamp or just misses it (the thresholds: ties at the top of the
+    element grid, 1.75 for FP4, 1.8125 for FP8 E4M3, 1.9375 for FP6 E2M3, 2 - 2^-7 for INT8).
+    The greatest element is negative in half the blocks, at a random row; some blocks are all
+    of one sign."""
+    rows, cols = shape
+    x = rng.standard_normal(shape).astype(np.float32)
+    grid = np.concatenate([1.0 + np.arange(64) * 2.0**-6, 2.0 - np.arange(41) * 2.0**-10])
+    tops = np.concatenate([grid, grid + 2.0**-20, grid - 2.0**-20])
+    for b in range(0, rows, block_size):
+        n = min(block_size, rows - b)
+        block = x[b:b + n]
+        for c in range(cols):
+            kind = rng.integers(0, 4)
+            if kind == 1:
+                block[:, c] = np.abs(block[:, c])
+            elif kind == 2:
+                block[:, c] = -np.abs(block[:, c])
+            top = np.float32(rng.choice(tops) * 2.0 ** rng.integers(-3, 4))
+            block[:, c] = np.clip(block[:, c], -top * np.float32(0.99), top * np.float32(0.99))
+            block[rng.integers(0, n), c] = top if rng.random() < 0.5 else -top
+    return x
+
+
+# The walks with the blocked axis outer take blocks whose greatest magnitude rounds inside the
+# clamp without it (block_walker.h: column_blocks, whole_block_rows; rows 4 KiB apart take the
+# tile walk): blocks at that edge, every path against the numpy reference.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("config", ["MXINT8", "BFP16", "MXFP8E4M3", "MXFP8E5M2", "MXFP6E2M3",
+                                    "MXFP4E2M1"])
+def test_outer_column_walk_near_the_clamp(config, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(7 * len(config))
+    for shape in [(64, 256), (96, 512), (40, 100), (64, 1024)]:
+        x = _near_clamp_blocks(shape, spec.attrs["block_size"], rng)
+        attrs = dict(spec.attrs, axis=0)
+        with cpu_path(isa):
+            got = nat(x, threads=2, **attrs)
+        assert_bits_equal(got, ref(x, **attrs), f"{config} {shape} {isa}")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("mode", [0, 1, 2])

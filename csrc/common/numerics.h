@@ -137,6 +137,15 @@ MXOPS_HD LaneI<U> finite_exponent_of_key(U k) {
   return imax(as_int(k >> 24), splat<LaneI<U>>(1)) - 1;
 }
 
+// The same exponent from a block's greatest magnitude instead: `a`, the largest of its bit
+// patterns with the sign cleared (as signed), below 0x7f800000 where the block is finite.
+// One operation per element fewer than the key, and the value itself is known (see
+// direct_round_unclamped), but Inf / NaN must be ruled out first.
+template <class I>
+MXOPS_HD I finite_exponent_of_magnitude(I a) { return a >> 23; }
+template <class I>
+MXOPS_HD LaneMask<I> magnitude_finite(I a) { return a < 0x7f800000; }
+
 // e(x) == 255.
 template <class U>
 MXOPS_HD LaneMask<U> is_inf_or_nan(U u) { return (u & 0x7f800000u) == 0x7f800000u; }
@@ -597,11 +606,24 @@ MXOPS_HD LaneMask<I> direct_round_plain_block(I min_bits, const DirectRound<Lane
 template <class I>
 MXOPS_HD LaneMask<I> no_negative_tiny(I min_bits) { return min_bits >= static_cast<int32_t>(0x80800000u); }
 
+// The rounding alone: direct_round_element_plain where the clamp changes nothing.
+template <class F>
+MXOPS_HD F direct_round_element_unclamped(F x, const DirectRound<F>& p) { return (x + p.c) - p.c; }
+
 template <class F>
 MXOPS_HD F direct_round_element_plain(F x, const DirectRound<F>& p) {
-  F r = (x + p.c) - p.c;
+  F r = direct_round_element_unclamped(x, p);
   r = select(r > p.hi, p.hi, r);
   return select(r < p.lo, p.lo, r);
+}
+
+// Whether the clamp changes no element of a block whose greatest magnitude has the bits `a`
+// (finite, sign cleared): the rounding is monotonic in |x| and symmetric about 0 (nearest
+// even on a grid of quanta), so no element rounds past the greatest one's rounding.
+template <class F>
+MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F>& p) {
+  const F r = direct_round_element_unclamped(u2f(as_uint(a)), p);
+  return (r <= p.hi) & (-r >= p.lo);
 }
 
 // Written with no other constant than the params (so that a walk that computes them per
@@ -662,14 +684,28 @@ MXOPS_HD MxDirectSigned<LaneF<I>> mx_direct_signed_params(I s, const MxElement& 
 }
 
 // mx_float_element_direct_signed for a block of finite elements only (keys_all_finite).
+// Its rounding alone, where the clamp at ±max_v changes nothing.
 template <class F>
-MXOPS_HD F mx_float_element_direct_signed_finite(F x, const MxDirectSigned<F>& p, const MxElement& f) {
+MXOPS_HD F mx_float_element_direct_signed_unclamped(F x, const MxDirectSigned<F>& p, const MxElement& f) {
   using U = LaneU<F>;
   const U u = f2u(x);
   const U c_bits = (imax(u & 0x7f800000u, p.lo) + (static_cast<uint32_t>(23 - f.mantissa_bits) << 23)) |
                    (u & 0x80000000u);
   const F c = u2f(c_bits);
-  F r = (x + c) - c;
+  return (x + c) - c;
+}
+
+// Whether that is so for every element of a finite block whose greatest magnitude has the
+// bits `a`: rounding to the element grid is monotonic in |x| and symmetric about 0.
+template <class F>
+MXOPS_HD LaneMask<F> mx_float_direct_signed_unclamped(LaneI<F> a, const MxDirectSigned<F>& p,
+                                                      const MxElement& f) {
+  return mx_float_element_direct_signed_unclamped(u2f(as_uint(a)), p, f) <= p.max_v;
+}
+
+template <class F>
+MXOPS_HD F mx_float_element_direct_signed_finite(F x, const MxDirectSigned<F>& p, const MxElement& f) {
+  F r = mx_float_element_direct_signed_unclamped(x, p, f);
   r = select(r > p.max_v, p.max_v, r);
   return select(r < p.min_v, p.min_v, r);
 }

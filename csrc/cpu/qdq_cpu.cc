@@ -73,6 +73,35 @@ Isa detected_isa() {
 #endif
 }
 
+// Whether this processor runs 512-bit vector operations as two 256-bit halves (AMD family
+// 19h: Zen 4; Zen 3, the same family, has no AVX-512). On such a Zen 4, one thread, float32,
+// the AVX-512 walker along rows ran slower than the AVX2 one (xNeg, BFP16: 0.20-0.27 against
+// 0.30-0.39 in cache, 0.57 against 0.66-0.78 at 16 Mi elements; the other formats 10-25 %
+// slower in cache), while with the blocked axis outer it was mostly the faster one (0.35-0.79
+// against 0.25-0.75 in cache, 0.57-0.82 against 0.52-0.74 at 16 Mi); README, "Speed".
+bool split_512_bit_units() {
+#if !defined(__x86_64__)
+  return false;
+#else
+  static const bool split = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+  }();
+  return split;
+#endif
+}
+
+// The path of a block op over g: selected_isa(), except the AVX2 walker in place of the
+// AVX-512 one along rows (g.inner == 1) where split_512_bit_units(), unless MXOPS_CPU_ISA
+// asks for a path.
+Isa block_op_isa(const Geometry& g) {
+  const Isa isa = selected_isa();
+  const char* req = std::getenv("MXOPS_CPU_ISA");
+  const bool requested = req != nullptr && *req != '\0';
+  if (isa == Isa::kAvx512 && g.inner == 1 && !requested && split_512_bit_units()) return Isa::kAvx2;
+  return isa;
+}
+
 // Says once per requested value, on stderr, that the processor cannot run that path.
 void warn_unavailable(const char* requested, Isa ran) {
   static std::mutex mutex;
@@ -128,7 +157,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
     }
     return;
   }
-  Isa isa = selected_isa();
+  Isa isa = block_op_isa(g);
 #if defined(__x86_64__)
   if (isa == Isa::kAvx512 && !simd16::supports(p, g)) isa = Isa::kScalar;
   if (isa == Isa::kAvx2 && !simd8::supports(p, g)) isa = Isa::kScalar;
