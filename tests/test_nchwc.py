@@ -133,9 +133,10 @@ def test_channels_not_a_multiple_of_the_block_keep_their_conversions(tmp_path):
     # Nothing is rewritten and no conversion goes. Where onnxruntime blocks the 12 channels
     # (padded to 16 with AVX2's blocks of 8), our nodes sit between reorders and say so; with
     # AVX-512's blocks of 16 its convolutions read the 12-channel tensors in NCHW instead.
-    assert report.rewritten == [] and report.reorders_after == report.reorders_before
-    assert report.kept and all("not a multiple" in k or "read outside the blocked layout" in k
-                               for k in report.kept), report.kept
+    if BLOCK > 4:  # (with blocks of 4, 12 channels are a multiple of the block)
+        assert report.rewritten == [] and report.reorders_after == report.reorders_before
+        assert report.kept and all("not a multiple" in k or "read outside the blocked layout" in k
+                                   for k in report.kept), report.kept
     if BLOCK == 8:
         assert any("not a multiple" in k for k in report.kept)
     x = _inputs()[0]

@@ -91,17 +91,6 @@ bool split_512_bit_units() {
 #endif
 }
 
-// The path of a block op over g: selected_isa(), except the AVX2 walker in place of the
-// AVX-512 one along rows (g.inner == 1) where split_512_bit_units(), unless MXOPS_CPU_ISA
-// asks for a path.
-Isa block_op_isa(const Geometry& g) {
-  const Isa isa = selected_isa();
-  const char* req = std::getenv("MXOPS_CPU_ISA");
-  const bool requested = req != nullptr && *req != '\0';
-  if (isa == Isa::kAvx512 && g.inner == 1 && !requested && split_512_bit_units()) return Isa::kAvx2;
-  return isa;
-}
-
 // Says once per requested value, on stderr, that the processor cannot run that path.
 void warn_unavailable(const char* requested, Isa ran) {
   static std::mutex mutex;
@@ -125,9 +114,11 @@ const char* isa_name(Isa isa) {
   return "?";
 }
 
-Isa selected_isa() {
+namespace {
+
+// The path that the value `req` of MXOPS_CPU_ISA (null or empty: unset) selects here.
+Isa isa_for_request(const char* req) {
   const Isa best = detected_isa();
-  const char* req = std::getenv("MXOPS_CPU_ISA");
   if (req == nullptr || *req == '\0') return best;
   Isa want;
   if (std::strcmp(req, "scalar") == 0) want = Isa::kScalar;
@@ -141,6 +132,21 @@ Isa selected_isa() {
   warn_unavailable(req, best);
   return best;
 }
+
+// The path of a block op over g: selected_isa()'s (MXOPS_CPU_ISA read once), except the AVX2
+// walker in place of the AVX-512 one along rows (g.inner == 1) where split_512_bit_units(),
+// unless MXOPS_CPU_ISA asks for a path.
+Isa block_op_isa(const Geometry& g) {
+  const char* req = std::getenv("MXOPS_CPU_ISA");
+  const Isa isa = isa_for_request(req);
+  const bool requested = req != nullptr && *req != '\0';
+  if (isa == Isa::kAvx512 && g.inner == 1 && !requested && split_512_bit_units()) return Isa::kAvx2;
+  return isa;
+}
+
+}  // namespace
+
+Isa selected_isa() { return isa_for_request(std::getenv("MXOPS_CPU_ISA")); }
 
 void run_serial(int64_t n_tasks, const std::function<void(int64_t)>& body) {
   for (int64_t i = 0; i < n_tasks; ++i) body(i);
