@@ -5,7 +5,12 @@ the CPU execution provider, at batch 1, in one process:
 
 * latency: the float model and every quantized model run in turns, round after round, so
   load from elsewhere on the machine hits them alike; reported as median and fastest run,
-  and as ratios to the float model from the same rounds;
+  and as ratios to the float model from the same rounds.  Each turn's first run finds the
+  caches holding the other models' data ("cold": a model run between other work); with
+  ``--warm-runs N`` the session then runs N more times, and the median of those is the
+  turn's "warm" time (a model served back to back, its weights cached).  The two differ:
+  cache misses add about the same time to the float and the quantized model, so the cold
+  ratios are the smaller;
 * where the time goes: onnxruntime's profiler on separate sessions, per node the median of
   its kernel times over the profiled runs, summed by op type; the share of our ops
   (the quantize-dequantize nodes) and of the layout conversions onnxruntime inserts around
@@ -55,6 +60,7 @@ class ModelOptions:
     threads: int = 1             # intra-op threads; 0: onnxruntime's default
     warmup: int = 3
     rounds: int = 40             # interleaved timed rounds, at least
+    warm_runs: int = 4           # runs per turn after the first (cold) one; 0: none
     min_time: float = 5.0        # seconds of timed rounds, at least (up to max_rounds)
     max_rounds: int = 1000
     profile_runs: int = 20
@@ -225,25 +231,34 @@ def _first_input_elements(args: dict) -> int:
 
 
 def _interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.ndarray],
-                 warmup: int, rounds: int, min_time: float = 0.0,
-                 max_rounds: int = 1000) -> dict[str, list[float]]:
-    """Run times (s) per session: after ``warmup`` runs each, the sessions run in turns, at
-    least ``rounds`` rounds and ``min_time`` seconds (at most ``max_rounds`` rounds)."""
+                 warmup: int, rounds: int, min_time: float = 0.0, max_rounds: int = 1000,
+                 warm_runs: int = 0) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Run times (s) per session, cold and warm: after ``warmup`` runs each, the sessions take
+    turns, at least ``rounds`` rounds and ``min_time`` seconds (at most ``max_rounds``
+    rounds). In its turn a session runs once (the cold time: the previous turn ran another
+    model) and then ``warm_runs`` times more (the warm time: their median; no list where
+    ``warm_runs`` is 0)."""
     for s in sessions.values():
         for _ in range(warmup):
             s.run(None, feeds)
-    times: dict[str, list[float]] = {k: [] for k in sessions}
+    cold: dict[str, list[float]] = {k: [] for k in sessions}
+    warm: dict[str, list[float]] = {k: [] for k in sessions} if warm_runs > 0 else {}
     order = list(sessions)
     start, r = time.perf_counter(), 0
     while r < rounds or (time.perf_counter() - start < min_time and r < max_rounds):
         # rotate the order so no variant always runs right after the same one
         k = r % len(order)
         for label in order[k:] + order[:k]:
-            t0 = time.perf_counter()
-            sessions[label].run(None, feeds)
-            times[label].append(time.perf_counter() - t0)
+            runs = []
+            for _ in range(1 + warm_runs):
+                t0 = time.perf_counter()
+                sessions[label].run(None, feeds)
+                runs.append(time.perf_counter() - t0)
+            cold[label].append(runs[0])
+            if warm_runs > 0:
+                warm[label].append(statistics.median(runs[1:]))
         r += 1
-    return times
+    return cold, warm
 
 
 def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
@@ -324,8 +339,8 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                     np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
                     for a, b in zip(outs[label], outs[info["same_as"]]))
         opts.log(f"  timing {len(sessions)} sessions, {opts.rounds} interleaved rounds")
-        times = _interleaved(sessions, feeds, opts.warmup, opts.rounds, opts.min_time,
-                             opts.max_rounds)
+        times, warm = _interleaved(sessions, feeds, opts.warmup, opts.rounds, opts.min_time,
+                                   opts.max_rounds, opts.warm_runs)
         del sessions
         profiles = profile_breakdowns(variants, feeds, opts.profile_runs, opts.threads, ours,
                                       workdir)
@@ -349,6 +364,14 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                 t / f for t, f in zip(times[label], times["float"])),
             # summed per-node medians from the profiler: less exposed to load from elsewhere
             "node_time_ratio_to_float": prof["node_seconds"] / profiles["float"]["node_seconds"],
+            # the same from the warm runs (--warm-runs): a model run back to back
+            **({"warm_median_s": statistics.median(warm[label]),
+                "warm_times_s": warm[label],
+                "ratio_to_float_warm": statistics.median(warm[label])
+                / statistics.median(warm["float"]),
+                "ratio_to_float_warm_paired": statistics.median(
+                    t / f for t, f in zip(warm[label], warm["float"]))}
+               if warm else {}),
             **({"ratio_to_float_nchwc": med / statistics.median(times["float+nchwc"]),
                 "ratio_to_float_nchwc_best": best / min(times["float+nchwc"])}
                if "float+nchwc" in times else {}),
@@ -367,7 +390,8 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
         "options": {"configs": opts.configs, "threads": opts.threads, "warmup": opts.warmup,
-                    "rounds": opts.rounds, "min_time": opts.min_time,
+                    "rounds": opts.rounds, "warm_runs": opts.warm_runs,
+                    "min_time": opts.min_time,
                     "max_rounds": opts.max_rounds, "profile_runs": opts.profile_runs,
                     "extra_models": opts.extra_models, "nchwc": opts.nchwc},
         "results": rows,
@@ -388,9 +412,17 @@ def markdown(doc: dict) -> str:
     o = doc["options"]
     before, after = doc["load_average_before"][0], doc["load_average_after"][0]
     runs = doc["results"][0]["runs"]
+    warm_runs = o.get("warm_runs", 0)
     out.append(f"- intra-op threads {o['threads'] or 'default'}; {runs} interleaved "
-               f"rounds after {o['warmup']} warm-up runs; profile: per-node median of "
+               f"rounds after {o['warmup']} warm-up runs, each turn one cold run"
+               + (f" and {warm_runs} warm runs" if warm_runs else "") + "; profile: per-node median of "
                f"{o['profile_runs']} runs; load average {before:.1f} before, {after:.1f} after")
+    if warm_runs:
+        out.append("- cold: each turn's first run, after the other models ran (caches hold "
+                   "their data); warm: the median of the turn's next runs (a model run back to "
+                   "back). ×float and its (best) / (paired) are cold; ×float (warm) is the "
+                   "median warm time / the float model's, (warm, paired) the median over "
+                   "rounds of the two turns' warm times")
     out.append("- ×float: median latency / the float model's median, from the same rounds; "
                "(best): the same from each one's fastest run; (paired): the median over rounds "
                "of this run / the float run of the same round; node time ×float: summed "
@@ -399,8 +431,10 @@ def markdown(doc: dict) -> str:
                "its time beyond the float model's, as a share of the float model's node time")
     out.append("")
     control = any("ratio_to_float_nchwc" in r for r in doc["results"])
-    head = ["variant", "median ms", "×float", "×float (best)", "×float (paired)",
-            "node time ×float"] + \
+    warm = any("ratio_to_float_warm" in r for r in doc["results"])
+    head = ["variant", "median ms", "×float", "×float (best)", "×float (paired)"] + \
+        (["warm ms", "×float (warm)", "×float (warm, paired)"] if warm else []) + \
+        ["node time ×float"] + \
         (["×float+nchwc", "×float+nchwc (best)"] if control else []) + \
         ["our nodes", "our share", "layout nodes", "layout share", "extra layout",
          "max |Δ| vs float"]
@@ -414,9 +448,11 @@ def markdown(doc: dict) -> str:
                 f"{r['same_as']})"
         ctl = f"{r['ratio_to_float_nchwc']:.3f} | {r['ratio_to_float_nchwc_best']:.3f} | " \
             if control else ""
+        hot = f"{r['warm_median_s'] * 1e3:.2f} | {r['ratio_to_float_warm']:.3f} | " \
+            f"{r['ratio_to_float_warm_paired']:.3f} | " if warm else ""
         out.append(f"| {r['variant']} | {r['median_s'] * 1e3:.2f} | {r['ratio_to_float']:.3f} | "
                    f"{r['ratio_to_float_best']:.3f} | {r['ratio_to_float_paired']:.3f} | "
-                   f"{r['node_time_ratio_to_float']:.3f} | {ctl}{p['ours_nodes']} | "
+                   f"{hot}{r['node_time_ratio_to_float']:.3f} | {ctl}{p['ours_nodes']} | "
                    f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
                    f"{r['layout_extra_vs_float_node_time']:+.1%} | {diff} |")
     out.append("")
@@ -487,6 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="intra-op threads (default 1: steadier on a shared machine; 0: ORT's)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=40, help="interleaved timed rounds, at least")
+    p.add_argument("--warm-runs", type=int, default=4,
+                   help="runs per turn after the first (cold) one, timed as the warm latency "
+                        "(a model run back to back); 0: cold runs only (default: %(default)s)")
     p.add_argument("--min-time", type=float, default=5.0,
                    help="seconds of timed rounds, at least (up to --max-rounds)")
     p.add_argument("--max-rounds", type=int, default=1000)
@@ -515,12 +554,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not sep or not label or not os.path.isfile(path):
             raise SystemExit(f"--extra wants LABEL=PATH of an existing model, got {item!r}")
         extra[label] = path
+    if args.warm_runs < 0:
+        raise SystemExit(f"--warm-runs must be 0 or more, got {args.warm_runs}")
     warmup, rounds, min_time, profile_runs = (1, 3, 0.0, 2) if args.tiny else \
         (args.warmup, args.rounds, args.min_time, args.profile_runs)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     opts = ModelOptions(model=args.model, configs=configs, shapes=_parse_shapes(args.shape),
                         seq_len=args.seq_len, threads=args.threads, warmup=warmup,
-                        rounds=rounds, min_time=min_time, max_rounds=max(rounds, args.max_rounds),
+                        rounds=rounds, warm_runs=args.warm_runs, min_time=min_time,
+                        max_rounds=max(rounds, args.max_rounds),
                         profile_runs=profile_runs, extra_models=extra, nchwc=args.nchwc,
                         log=log)
     try:

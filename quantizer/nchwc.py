@@ -28,7 +28,8 @@ optimisations): it must run on a machine with the same NCHWc block, with onnxrun
 optimisations disabled (``ORT_DISABLE_ALL``; :func:`session_options` does that), with a
 version of this library that knows ``nchwc_block``, on the CPU execution provider (the GPU
 kernels refuse the attribute); the model's metadata records the onnxruntime version and B it
-was made for.  Nodes of ours that keep their conversions, with why, are listed in the report:
+was made for.  :func:`inference_session` makes it in memory where the model runs, so the
+file shipped stays the portable quantized model.  Nodes of ours that keep their conversions, with why, are listed in the report:
 a ``block_size`` that is neither a multiple nor a divisor of B, channel counts that are not
 multiples of B, a node read outside the layout.
 """
@@ -48,8 +49,8 @@ from onnx import helper, numpy_helper
 
 from ort_mx_ops.formats import LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
-__all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "session_options", "main",
-           "METADATA_KEY", "parse_shapes"]
+__all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "inference_session",
+           "session_options", "main", "METADATA_KEY", "parse_shapes"]
 
 METADATA_KEY = "ort_mx_ops.onnxruntime_optimized"
 _NCHWC_DOMAIN = "com.microsoft.nchwc"
@@ -265,21 +266,12 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
     return report
 
 
-def optimize_nchwc(model_path: str, output_path: str,
-                   input_shapes: Optional[dict[str, list[int]]] = None) -> NchwcReport:
-    """Write ``output_path``: ``model_path`` (a quantized model) optimised by onnxruntime for
-    this CPU, with our nodes moved into the NCHWc layout where that keeps every output bit
-    (see the module documentation).  Run it with :func:`session_options`.
-
-    ``input_shapes`` (name -> dims) fixes those inputs' shapes in the output model (other
-    shapes are then refused by onnxruntime).  Raises ``ValueError`` when input and output are
-    the same file or a shape does not fit the model, and refuses (``ValueError`` /
-    ``FileNotFoundError``) to write over the input model or its data files, or into a missing
-    directory."""
+def _optimized_model(model_path: str, input_shapes: Optional[dict[str, list[int]]]
+                     ) -> tuple[onnx.ModelProto, NchwcReport]:
+    """``model_path`` optimised by onnxruntime for this CPU and rewritten (in memory), and the
+    report; the input file is only read."""
     if not os.path.isfile(model_path):
         raise FileNotFoundError(f"model file not found: {model_path}")
-    from .quantize import check_output
-    check_output(model_path, output_path)
     ort = _ort()
     block = nchwc_block_size()
     with tempfile.TemporaryDirectory() as tmp:
@@ -295,6 +287,25 @@ def optimize_nchwc(model_path: str, output_path: str,
         meta[METADATA_KEY].value = value
     else:
         model.metadata_props.append(onnx.StringStringEntryProto(key=METADATA_KEY, value=value))
+    return model, report
+
+
+def optimize_nchwc(model_path: str, output_path: str,
+                   input_shapes: Optional[dict[str, list[int]]] = None) -> NchwcReport:
+    """Write ``output_path``: ``model_path`` (a quantized model) optimised by onnxruntime for
+    this CPU, with our nodes moved into the NCHWc layout where that keeps every output bit
+    (see the module documentation).  Run it with :func:`session_options`.
+
+    ``input_shapes`` (name -> dims) fixes those inputs' shapes in the output model (other
+    shapes are then refused by onnxruntime).  Raises ``ValueError`` when input and output are
+    the same file or a shape does not fit the model, and refuses (``ValueError`` /
+    ``FileNotFoundError``) to write over the input model or its data files, or into a missing
+    directory."""
+    if not os.path.isfile(model_path):
+        raise FileNotFoundError(f"model file not found: {model_path}")
+    from .quantize import check_output
+    check_output(model_path, output_path)
+    model, report = _optimized_model(model_path, input_shapes)
     # onnxruntime's optimised graph holds its internal ops (fused kernels, LayerNormalization
     # at any opset), which onnx.checker rejects: write it as onnxruntime saved it, atomically.
     directory = os.path.dirname(os.path.abspath(output_path))
@@ -307,6 +318,24 @@ def optimize_nchwc(model_path: str, output_path: str,
         if os.path.exists(tmp_path):
             os.remove(tmp_path)
     return report
+
+
+def inference_session(model_path: str, input_shapes: Optional[dict[str, list[int]]] = None,
+                      threads: int = 0):
+    """A CPU ``onnxruntime.InferenceSession`` of ``model_path`` (a quantized model, portable)
+    with our nodes inside onnxruntime's NCHWc layout, made on the machine that runs it, and
+    the :class:`NchwcReport`: ``(session, report)``.
+
+    The same optimisation as :func:`optimize_nchwc`, in memory at load time, so the model
+    file stays portable and nothing is written; the outputs are bit-identical to a plain
+    session of the same model.  ``threads`` sets the intra-op threads (0: onnxruntime's
+    default); ``input_shapes`` as in :func:`optimize_nchwc`.  Raises ``FileNotFoundError``
+    for a missing model and ``ValueError`` for a shape that does not fit it.  The optimised
+    model passes to onnxruntime as one serialised message, so it must stay under 2 GiB."""
+    model, report = _optimized_model(model_path, input_shapes)
+    session = _ort().InferenceSession(model.SerializeToString(), session_options(threads),
+                                      providers=["CPUExecutionProvider"])
+    return session, report
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -4,6 +4,7 @@ positive, shares within [0, 1] and adding up, our nodes counted).  Speed is not 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -94,6 +95,13 @@ def test_numbers_are_real(cnn_run):
         assert all(t > 0 for t in r["times_s"]) and r["min_s"] <= r["median_s"]
         assert r["ratio_to_float"] > 0 and r["ratio_to_float_best"] > 0
         assert r["ratio_to_float_paired"] > 0 and r["node_time_ratio_to_float"] > 0
+        # warm: the median of each turn's runs after its first (--warm-runs, default 4)
+        assert doc["options"]["warm_runs"] == 4 and len(r["warm_times_s"]) == r["runs"]
+        assert all(t > 0 for t in r["warm_times_s"])
+        assert r["warm_median_s"] == statistics.median(r["warm_times_s"])
+        assert r["ratio_to_float_warm"] == pytest.approx(
+            r["warm_median_s"] / float_row["warm_median_s"])
+        assert r["ratio_to_float_warm_paired"] > 0
         p = r["profile"]
         assert p["node_seconds"] > 0
         assert all(o["seconds"] > 0 and o["nodes"] >= 1 for o in p["ops"].values())
@@ -127,9 +135,13 @@ def test_numbers_are_real(cnn_run):
 def test_token_input_and_errors(tmp_path):
     model = _token_matmul(tmp_path / "tok.onnx")
     opts = model_bench.ModelOptions(model=model, configs=["MXINT8"], seq_len=7, warmup=1,
-                                    rounds=2, min_time=0.0, profile_runs=1, log=lambda s: None)
+                                    rounds=2, min_time=0.0, profile_runs=1, warm_runs=0,
+                                    log=lambda s: None)
     doc = model_bench.run_model_bench(opts)
     assert doc["inputs"] == {"ids": [1, 7]}
+    # warm_runs 0: cold runs only, and the report says nothing of warm ones
+    assert all("warm_median_s" not in r and r["runs"] == 2 for r in doc["results"])
+    assert "(warm" not in model_bench.markdown(doc)
     q = doc["results"][1]
     # the weight is folded offline: one runtime node, on the MatMul's activation input
     assert q["profile"]["ours_nodes"] == q["runtime_nodes"] == 1
@@ -143,6 +155,9 @@ def test_token_input_and_errors(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model",
                            str(tmp_path / "missing.onnx")], capture_output=True, text=True)
     assert proc.returncode == 2 and "not found" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model", model,
+                           "--warm-runs", "-1"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "--warm-runs must be 0 or more" in proc.stderr
 
 
 def test_nchwc_variants(tmp_path):

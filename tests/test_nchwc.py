@@ -220,3 +220,35 @@ def test_classifier_bit_identical_with_fewer_conversions(tmp_path, config):
     for path, xi in runs:
         a, b = _run(q, plain, xi), _run(path, nchwc.session_options(), xi)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (config, path, xi.shape)
+
+
+@pytest.mark.parametrize("config", ["BFP16", "MXFP4E2M1", "BF16"])
+def test_inference_session_at_load_time(tmp_path, config):
+    """inference_session: the same rewrite as optimize_nchwc, made in memory when the session
+    is created: bit-identical outputs to a plain session, the same report, nothing written."""
+    q = str(tmp_path / "q.onnx")
+    quantize_model(_cnn(tmp_path / "m.onnx"), q, config)
+    before = {p: os.path.getmtime(tmp_path / p) for p in os.listdir(tmp_path)}
+    session, report = nchwc.inference_session(q, threads=1)
+    assert {p: os.path.getmtime(tmp_path / p) for p in os.listdir(tmp_path)} == before
+    assert report.block == BLOCK and len(report.rewritten) == 2
+    assert report.reorders_after == report.reorders_before - 4
+    written = nchwc.optimize_nchwc(q, str(tmp_path / "q_nchwc.onnx"))
+    assert (written.rewritten, written.kept) == (report.rewritten, report.kept)
+    # the session runs the rewritten model (its metadata), not the file as it is
+    meta = session.get_modelmeta().custom_metadata_map
+    assert meta[nchwc.METADATA_KEY] == f"onnxruntime {ort.__version__}; NCHWc block {BLOCK}"
+    plain = ort_mx_ops.register(ort.SessionOptions())
+    for x in _inputs():
+        a, b = _run(q, plain, x), session.run(None, {"x": x})[0]
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), config
+    # A fixed shape is honoured; other shapes are refused by onnxruntime.
+    fixed, _ = nchwc.inference_session(q, {"x": [1, 3, 12, 16]})
+    x = _inputs()[0]
+    assert np.array_equal(_run(q, plain, x).view(np.uint32), fixed.run(None, {"x": x})[0].view(np.uint32))
+    with pytest.raises(Exception, match="[Ii]nvalid|dimension|shape"):
+        fixed.run(None, {"x": np.zeros((1, 3, 8, 8), np.float32)})
+    with pytest.raises(ValueError, match="no input"):
+        nchwc.inference_session(q, {"y": [1, 3, 12, 16]})
+    with pytest.raises(FileNotFoundError):
+        nchwc.inference_session(str(tmp_path / "missing.onnx"))
