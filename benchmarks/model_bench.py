@@ -413,10 +413,11 @@ def markdown(doc: dict) -> str:
     before, after = doc["load_average_before"][0], doc["load_average_after"][0]
     runs = doc["results"][0]["runs"]
     warm_runs = o.get("warm_runs", 0)
+    turn = "one cold run" + (f" and {warm_runs} warm runs" if warm_runs else "")
     out.append(f"- intra-op threads {o['threads'] or 'default'}; {runs} interleaved "
-               f"rounds after {o['warmup']} warm-up runs, each turn one cold run"
-               + (f" and {warm_runs} warm runs" if warm_runs else "") + "; profile: per-node median of "
-               f"{o['profile_runs']} runs; load average {before:.1f} before, {after:.1f} after")
+               f"rounds after {o['warmup']} warm-up runs, each turn {turn}; profile: per-node "
+               f"median of {o['profile_runs']} runs; load average {before:.1f} before, "
+               f"{after:.1f} after")
     if warm_runs:
         out.append("- cold: each turn's first run, after the other models ran (caches hold "
                    "their data); warm: the median of the turn's next runs (a model run back to "

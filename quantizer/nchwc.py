@@ -29,9 +29,9 @@ optimisations disabled (``ORT_DISABLE_ALL``; :func:`session_options` does that),
 version of this library that knows ``nchwc_block``, on the CPU execution provider (the GPU
 kernels refuse the attribute); the model's metadata records the onnxruntime version and B it
 was made for.  :func:`inference_session` makes it in memory where the model runs, so the
-file shipped stays the portable quantized model.  Nodes of ours that keep their conversions, with why, are listed in the report:
-a ``block_size`` that is neither a multiple nor a divisor of B, channel counts that are not
-multiples of B, a node read outside the layout.
+file shipped stays the portable quantized model.  Nodes of ours that keep their conversions,
+with why, are listed in the report: a ``block_size`` that is neither a multiple nor a divisor
+of B, channel counts that are not multiples of B, a node read outside the layout.
 """
 from __future__ import annotations
 
@@ -321,7 +321,7 @@ def optimize_nchwc(model_path: str, output_path: str,
 
 
 def inference_session(model_path: str, input_shapes: Optional[dict[str, list[int]]] = None,
-                      threads: int = 0):
+                      threads: int = 0) -> tuple["onnxruntime.InferenceSession", NchwcReport]:
     """A CPU ``onnxruntime.InferenceSession`` of ``model_path`` (a quantized model, portable)
     with our nodes inside onnxruntime's NCHWc layout, made on the machine that runs it, and
     the :class:`NchwcReport`: ``(session, report)``.

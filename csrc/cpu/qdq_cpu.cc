@@ -133,15 +133,14 @@ Isa isa_for_request(const char* req) {
   return best;
 }
 
-// The path of a block op over g: selected_isa()'s (MXOPS_CPU_ISA read once), except the AVX2
-// walker in place of the AVX-512 one along rows (g.inner == 1) where split_512_bit_units(),
-// unless MXOPS_CPU_ISA asks for a path.
+// The path of a block op over g: the one MXOPS_CPU_ISA asks for (read once) if it is set;
+// else the best detected, except the AVX2 walker in place of the AVX-512 one along rows
+// (g.inner == 1) where split_512_bit_units().
 Isa block_op_isa(const Geometry& g) {
   const char* req = std::getenv("MXOPS_CPU_ISA");
-  const Isa isa = isa_for_request(req);
-  const bool requested = req != nullptr && *req != '\0';
-  if (isa == Isa::kAvx512 && g.inner == 1 && !requested && split_512_bit_units()) return Isa::kAvx2;
-  return isa;
+  if (req != nullptr && *req != '\0') return isa_for_request(req);
+  const Isa best = detected_isa();
+  return best == Isa::kAvx512 && g.inner == 1 && split_512_bit_units() ? Isa::kAvx2 : best;
 }
 
 }  // namespace
