@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from conftest import (assert_bits_equal, make_session, native_and_reference, one_node_model,
                       run_one_node, run_session)
 from ort_mx_ops import formats, native
-from test_cpu_simd import _inputs, cpu_path
+from test_cpu_simd import _inputs, _near_clamp_blocks, cpu_path
 
 ISAS = ["scalar", "avx2", "avx512"]
 CONFIGS = [name for name, spec in formats.CONFIGS.items() if spec.op != "BF16"]
@@ -250,3 +250,33 @@ def test_format_specs_take_no_nchwc_block():
     with pytest.raises(ValueError, match="nchwc_block"):
         formats.FormatSpec("MX", {"element_dtype": "int8", "nchwc_block": 8})
     assert "nchwc_block" not in formats.CONFIGS["MX9"].node_attrs(1)
+
+
+# Groups of a vector's width of pixels, each a whole block of one vector per row (nchwc_block
+# the vector width, block_size 32): every pixel finite takes one transposing reduction of
+# their greatest magnitudes (block_walker.h, pixel_group_finite), and each group's form is
+# decided from them: unclamped, the clamp alone, or the fast form where some pixel holds a
+# negative zero or a negative subnormal. Blocks whose greatest magnitude rounds to either side
+# of every format's clamp (test_cpu_simd's _near_clamp_blocks), some pixels with those tiny
+# negatives, a few with a NaN or an Inf (the keys' walk), against the numpy reference.
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+@pytest.mark.parametrize("config", ["MXINT8", "MXFP8E4M3", "MXFP8E5M2", "MXFP6E2M3", "MXFP4E2M1"])
+def test_pixel_groups_near_the_clamp(config, lanes, isa):
+    spec = formats.CONFIGS[config]
+    rng = np.random.default_rng(zlib.crc32(f"pixel groups {config} {lanes}".encode()))
+    block = spec.attrs["block_size"]
+    for n, c, h, w in [(1, 32, 3, 40), (2, 64, 2, 17), (1, 16, 5, 33)]:
+        pixels = n * h * w
+        logical = _near_clamp_blocks((c, pixels), block, rng)  # blocks down the channels
+        for col in rng.choice(pixels, pixels // 8, replace=False):
+            logical[rng.integers(0, c), col] = rng.choice(
+                np.array([-0.0, -1e-40, -1e-45, 0.0], np.float32))
+        for col in rng.choice(pixels, 2, replace=False):
+            logical[rng.integers(0, c), col] = rng.choice(np.array([np.nan, -np.inf], np.float32))
+        x = logical.reshape(c, n, h * w).transpose(1, 0, 2).reshape(n, c, h, w)
+        # the same values in the NCHWc memory order the op reads
+        stored = np.ascontiguousarray(
+            x.reshape(n, c // lanes, lanes, h * w).transpose(0, 1, 3, 2)).reshape(n, c, h, w)
+        attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
+        _check(spec.op, attrs, stored, "float32", isa, f"{config} L={lanes} {(n, c, h, w)} {isa}")
