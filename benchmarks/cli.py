@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s; --tiny: float32)")
     p.add_argument("--layouts", default="innermost,outer",
                    help="comma separated, of innermost (blocked axis 1 of a [rows, cols] "
-                        "tensor) and outer (blocked axis 0) (default: %(default)s)")
+                        "tensor), outer (blocked axis 0) and nchwc (a [1, rows, cols] tensor in "
+                        "onnxruntime's NCHWc memory order, blocked along its rows; CPU, BFP / MX "
+                        "configurations) (default: %(default)s)")
     p.add_argument("--sizes", default=None,
                    help="elements, powers of two, comma separated (e.g. 4Ki,1Mi,16Mi); "
                         "default 4Ki..64Mi by factors of 4")

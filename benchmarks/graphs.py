@@ -61,16 +61,22 @@ def _model(nodes: list, shape, dtype: str, initializers=(), domains=()) -> bytes
     return model.SerializeToString()
 
 
-def custom_qdq_model(config: str, shape, axis: int, dtype: str) -> bytes:
+def custom_qdq_model(config: str, shape, axis: int, dtype: str, nchwc_block: int = 0) -> bytes:
     """The product's (or a drop-in library's) op for the built-in ``config``, built by the
     quantizer's node factory (BF16: the Extended Q/DQ pair with scale 1; BF16_FUSED: one
-    BF16QuantizeDequantize)."""
+    BF16QuantizeDequantize). ``nchwc_block`` > 0: the BFP / MX node reads its input in
+    onnxruntime's blocked NCHWc memory order (attribute ``nchwc_block``; axis 1)."""
     spec = config_spec(config)
     if spec.op == "BF16" and dtype != "float32":
         raise ValueError("the BF16 quantize-dequantize ops take float32 tensors")
+    if nchwc_block and spec.op == "BF16":
+        raise ValueError("BF16 has no NCHWc form (nchwc_block is a BFP / MX attribute)")
     names = iter(f"t{i}" for i in range(1000))
     factory = NodeFactory(lambda base: next(names), bf16_fused=config == BF16_FUSED)
     emitted = factory.quantize(spec, "X", "Y", axis)
+    if nchwc_block:
+        for node in emitted.nodes:
+            node.attribute.append(helper.make_attribute("nchwc_block", nchwc_block))
     return _model(emitted.nodes, shape, dtype, emitted.initializers, sorted(emitted.domains))
 
 

@@ -32,7 +32,10 @@ EP_DEVICE = {"CPUExecutionProvider": ("CPU", "cpu"), "CUDAExecutionProvider": ("
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 DEFAULT_SIZES = [1 << k for k in range(12, 27, 2)]  # 4 Ki .. 64 Mi elements
 TINY_SIZES = [1 << 12, 1 << 14]
-LAYOUTS = {"innermost": 1, "outer": 0}  # blocked axis of a [rows, cols] tensor
+# Blocked axis of a [rows, cols] tensor; nchwc: a [1, rows, cols] tensor (rows channels of
+# cols pixels) stored in onnxruntime's NCHWc memory order, blocked along the channels (the op
+# with nchwc_block = this CPU's NCHWc block; CPU only, BFP / MX configurations only).
+LAYOUTS = {"innermost": 1, "outer": 0, "nchwc": 1}
 
 
 @dataclass
@@ -237,9 +240,38 @@ def _library_for(ep: str) -> tuple[str | None, str | None]:
         return None, str(exc)
 
 
+_NCHWC_BLOCK: list[int] = []
+
+
+def nchwc_block() -> int:
+    """onnxruntime's NCHWc channel block on this CPU (0: it does not use the layout); probed
+    once."""
+    if not _NCHWC_BLOCK:
+        from ort_mx_ops.quantizer.nchwc import nchwc_block_size
+        _NCHWC_BLOCK.append(nchwc_block_size())
+    return _NCHWC_BLOCK[0]
+
+
+def point_shape(n: int, layout: str) -> tuple[int, ...]:
+    """The tensor shape of a point of n elements in ``layout``."""
+    shape = shape_for(n)
+    return (1, *shape) if layout == "nchwc" else shape
+
+
 def _build_variants(point: Point, layout: str, opts: Options, errors: list) -> list:
     axis = LAYOUTS[layout]
     variants: list = []
+    lanes = 0
+    if layout == "nchwc":
+        lanes = nchwc_block() if point.device == "cpu" else 0
+        why = ("onnxruntime's NCHWc layout is a CPU one" if point.device != "cpu" else
+               "onnxruntime does not use the NCHWc layout on this CPU")
+        if not lanes or point.shape[1] % lanes:
+            errors.append({"ep": point.ep, "dtype": point.dtype, "layout": layout,
+                           "elements": int(np.prod(point.shape)), "kind": "custom", "config": None,
+                           "error": why if not lanes else
+                           f"{point.shape[1]} channels, not a multiple of the NCHWc block {lanes}"})
+            return variants
 
     def add(kind: str, config: str | None, build: Callable[[], bytes], library: str | None) -> None:
         try:
@@ -257,10 +289,12 @@ def _build_variants(point: Point, layout: str, opts: Options, errors: list) -> l
     n = int(np.prod(point.shape))
     for config in opts.configs:
         if library:
-            add("custom", config,
-                lambda c=config: graphs.custom_qdq_model(c, point.shape, axis, point.dtype), library)
+            add("custom", config, lambda c=config: graphs.custom_qdq_model(
+                c, point.shape, axis, point.dtype, nchwc_block=lanes), library)
         elif why:
             errors.append({"ep": point.ep, "kind": "custom", "config": config, "error": why})
+        if lanes:  # the standard-ONNX graph and other libraries read the plain layout
+            continue
         if opts.standard and n <= opts.standard_max_size and config != graphs.BF16_FUSED and not (
                 CONFIGS[config].op == "BF16" and point.dtype == "bfloat16"):
             add("standard", config,
@@ -330,10 +364,9 @@ def run_sweep(opts: Options) -> dict[str, Any]:
     for ep in opts.eps:
         for dtype in opts.dtypes:
             for n in opts.sizes:
-                shape = shape_for(n)
                 for layout in opts.layouts:
                     try:
-                        point = Point(ep, dtype, shape)
+                        point = Point(ep, dtype, point_shape(n, layout))
                     except Exception as exc:
                         errors.append({"ep": ep, "dtype": dtype, "elements": n, "layout": layout,
                                        "kind": "buffers", "error": f"{type(exc).__name__}: {exc}"})

@@ -6,6 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+_LAYOUTS = ("innermost", "outer", "nchwc")  # harness.LAYOUTS, in the tables' order
+
 __all__ = ["write_json", "markdown", "write_markdown", "write_plots", "fmt_size", "runs_phrase"]
 
 
@@ -83,7 +85,7 @@ def markdown(doc: dict) -> str:
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         worst = None
-        for layout in ("innermost", "outer"):
+        for layout in [lay for lay in _LAYOUTS if any(r["layout"] == lay for r in res)]:
             refs = []
             for kind, label in (("ref:neg", "Neg (onnxruntime)"), ("ref:copy", "copy (Identity)"),
                                 ("ref:numpy_copy", "copy (numpy)")):

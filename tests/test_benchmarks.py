@@ -90,8 +90,9 @@ def test_help_lists_allowed_values_and_defaults():
     text = " ".join(build_parser().format_help().split())
     assert "float32, float16, bfloat16 (default: float32,float16,bfloat16; --tiny: float32)" \
         in text
-    assert "of innermost (blocked axis 1 of a [rows, cols] tensor) and outer (blocked axis 0) " \
-        "(default: innermost,outer)" in text
+    assert "of innermost (blocked axis 1 of a [rows, cols] tensor), outer (blocked axis 0) and " \
+        "nchwc (a [1, rows, cols] tensor in onnxruntime's NCHWc memory order, blocked along its " \
+        "rows; CPU, BFP / MX configurations) (default: innermost,outer)" in text
 
 
 def test_tiny_sweep_png(tiny_run):
@@ -119,3 +120,48 @@ def test_standard_onnx_graph_matches_op(config, axis):
 def test_parse_size():
     from ort_mx_ops.benchmarks.cli import parse_size
     assert parse_size("4Ki") == 4096 and parse_size("16Mi") == 1 << 24 and parse_size("512") == 512
+
+
+@pytest.mark.parametrize("config", [c for c, s in CONFIGS.items() if s.op != "BF16"])
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_nchwc_layout_graph_reads_the_blocked_memory(config, lanes):
+    """The nchwc layout's graph is the op with nchwc_block: bit for bit the numpy reference of
+    the tensor stored in the NCHWc memory order."""
+    from conftest import assert_bits_equal, native_and_reference
+    spec = CONFIGS[config]
+    rng = np.random.default_rng(lanes)
+    x = (rng.standard_normal((1, 64, 96)) * 2.0 ** rng.integers(-20, 20, (1, 64, 96))).astype(np.float32)
+    so = ort.SessionOptions()
+    ort_mx_ops.register(so)
+    got = ort.InferenceSession(graphs.custom_qdq_model(config, x.shape, 1, "float32", nchwc_block=lanes),
+                               so, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    _, ref = native_and_reference(spec.op)
+    assert_bits_equal(got, ref(x, **dict(spec.attrs, axis=1, nchwc_block=lanes)), f"{config} L={lanes}")
+    with pytest.raises(ValueError, match="NCHWc"):
+        graphs.custom_qdq_model("BF16", x.shape, 1, "float32", nchwc_block=lanes)
+
+
+def test_nchwc_layout_sweep(tmp_path):
+    """--layouts nchwc: a [1, rows, cols] point with our op for every BFP / MX configuration
+    (BF16 reported as not run), or, where onnxruntime keeps no NCHWc layout on this CPU, that
+    reason; the Markdown table has the layout's rows."""
+    from ort_mx_ops.quantizer.nchwc import nchwc_block_size
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--ep", "CPU",
+                           "--sizes", "4Ki", "--layouts", "nchwc", "--dtypes", "float32",
+                           "--warmup", "0", "--repeats", "1", "--max-repeats", "2", "--min-time", "0",
+                           "--no-plots", "--quiet", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    custom = {r["config"]: r for r in doc["results"] if r["kind"] == "custom"}
+    if nchwc_block_size() == 0:
+        assert not custom and any("NCHWc" in e["error"] for e in doc["errors"])
+        return
+    assert set(custom) == {c for c, s in CONFIGS.items() if s.op != "BF16"}
+    for r in custom.values():
+        assert r["layout"] == "nchwc" and r["shape"] == [1, 64, 64] and r["ratio_to_neg"] > 0
+        assert r["output_written"]
+    assert {e["config"] for e in doc["errors"] if "NCHWc" in e["error"]} >= {"BF16", "BF16fused"}
+    assert not any(r["kind"] == "standard" for r in doc["results"])
+    md = (tmp_path / "results.md").read_text()
+    assert "| MXINT8 | nchwc |" in md
