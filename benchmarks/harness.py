@@ -9,6 +9,7 @@ burst of load from elsewhere on the machine hits all of them alike, and the rati
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -240,16 +241,12 @@ def _library_for(ep: str) -> tuple[str | None, str | None]:
         return None, str(exc)
 
 
-_NCHWC_BLOCK: list[int] = []
-
-
+@functools.cache
 def nchwc_block() -> int:
     """onnxruntime's NCHWc channel block on this CPU (0: it does not use the layout); probed
     once."""
-    if not _NCHWC_BLOCK:
-        from ort_mx_ops.quantizer.nchwc import nchwc_block_size
-        _NCHWC_BLOCK.append(nchwc_block_size())
-    return _NCHWC_BLOCK[0]
+    from ort_mx_ops.quantizer.nchwc import nchwc_block_size
+    return nchwc_block_size()
 
 
 def point_shape(n: int, layout: str) -> tuple[int, ...]:
@@ -264,13 +261,18 @@ def _build_variants(point: Point, layout: str, opts: Options, errors: list) -> l
     lanes = 0
     if layout == "nchwc":
         lanes = nchwc_block() if point.device == "cpu" else 0
-        why = ("onnxruntime's NCHWc layout is a CPU one" if point.device != "cpu" else
-               "onnxruntime does not use the NCHWc layout on this CPU")
-        if not lanes or point.shape[1] % lanes:
+        if point.device != "cpu":
+            reason = "onnxruntime's NCHWc layout is a CPU one"
+        elif not lanes:
+            reason = "onnxruntime does not use the NCHWc layout on this CPU"
+        elif point.shape[1] % lanes:
+            reason = f"{point.shape[1]} channels, not a multiple of the NCHWc block {lanes}"
+        else:
+            reason = ""
+        if reason:
             errors.append({"ep": point.ep, "dtype": point.dtype, "layout": layout,
                            "elements": int(np.prod(point.shape)), "kind": "custom", "config": None,
-                           "error": why if not lanes else
-                           f"{point.shape[1]} channels, not a multiple of the NCHWc block {lanes}"})
+                           "error": reason})
             return variants
 
     def add(kind: str, config: str | None, build: Callable[[], bytes], library: str | None) -> None:

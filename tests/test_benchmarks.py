@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from conftest import assert_bits_equal, native_and_reference
 from ort_mx_ops.benchmarks import graphs, report
 from ort_mx_ops.benchmarks.cli import build_parser
 from ort_mx_ops.formats import CONFIGS
@@ -127,7 +128,6 @@ def test_parse_size():
 def test_nchwc_layout_graph_reads_the_blocked_memory(config, lanes):
     """The nchwc layout's graph is the op with nchwc_block: bit for bit the numpy reference of
     the tensor stored in the NCHWc memory order."""
-    from conftest import assert_bits_equal, native_and_reference
     spec = CONFIGS[config]
     rng = np.random.default_rng(lanes)
     x = (rng.standard_normal((1, 64, 96)) * 2.0 ** rng.integers(-20, 20, (1, 64, 96))).astype(np.float32)

@@ -45,6 +45,14 @@ def _adversarial(shape, dtype, rng):
     return x
 
 
+def _stored(logical, lanes):
+    """The NCHWc memory order [N, C/L, d2, ..., L] of the logical tensor [N, C, d2, ...], in a
+    buffer of the logical shape (what the op with nchwc_block = L reads)."""
+    n, c, *spatial = logical.shape
+    blocked = np.moveaxis(logical.reshape(n, c // lanes, lanes, *spatial), 2, -1)
+    return np.ascontiguousarray(blocked).reshape(logical.shape)
+
+
 def _check(op, attrs, x, dtype, isa, context):
     nat, ref = native_and_reference(op)
     bf = "bfloat16" if dtype == "bfloat16" else None
@@ -139,8 +147,7 @@ def test_layout_is_the_blocked_memory_order():
     n, c, h, w, lanes = 2, 40, 3, 5, 8
     logical = (rng.standard_normal((n, c, h, w)) * 2.0 ** rng.integers(-8, 8, (n, c, h, w))
                ).astype(np.float32)
-    blocked = np.ascontiguousarray(
-        logical.reshape(n, c // lanes, lanes, h, w).transpose(0, 1, 3, 4, 2)).reshape(n, c, h, w)
+    blocked = _stored(logical, lanes)
     attrs = dict(formats.CONFIGS["MX9"].attrs, axis=1)
     plain = native.bfp_quantize_dequantize(logical, **attrs)
     got = native.bfp_quantize_dequantize(blocked, nchwc_block=lanes, **attrs)
@@ -275,8 +282,6 @@ def test_pixel_groups_near_the_clamp(config, lanes, isa):
         for col in rng.choice(pixels, 2, replace=False):
             logical[rng.integers(0, c), col] = rng.choice(np.array([np.nan, -np.inf], np.float32))
         x = logical.reshape(c, n, h * w).transpose(1, 0, 2).reshape(n, c, h, w)
-        # the same values in the NCHWc memory order the op reads
-        stored = np.ascontiguousarray(
-            x.reshape(n, c // lanes, lanes, h * w).transpose(0, 1, 3, 2)).reshape(n, c, h, w)
         attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
-        _check(spec.op, attrs, stored, "float32", isa, f"{config} L={lanes} {(n, c, h, w)} {isa}")
+        _check(spec.op, attrs, _stored(x, lanes), "float32", isa,
+               f"{config} L={lanes} {(n, c, h, w)} {isa}")
