@@ -5,6 +5,7 @@
     ort-mx-bench --sizes 16Mi --dtypes float32   # the CPU target point
     ort-mx-bench --other-library /path/to/libcustom_ops.so   # e.g. Quark's, same op names
     ort-mx-bench --model model.onnx [--configs MX9,MXINT8]  # model level: see model_bench.py
+    ort-mx-bench --kernel [--configs MXINT8] [--nchwc]     # the CPU kernel alone: kernel_bench.py
 """
 from __future__ import annotations
 
@@ -75,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help="model-level mode: quantized vs float latency of this ONNX model and "
                         "where the time goes (ort-mx-bench --model M --help for its options)")
+    p.add_argument("--kernel", action="store_true",
+                   help="kernel mode: the CPU block kernel called directly against a negation "
+                        "loop, on activation shapes (ort-mx-bench --kernel --help for its "
+                        "options)")
     return p
 
 
@@ -99,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(a == "--model" or a.startswith("--model=") for a in argv):
         from ort_mx_ops.benchmarks import model_bench  # the model-level mode
         return model_bench.main(argv)
+    if "--kernel" in argv:
+        from ort_mx_ops.benchmarks import kernel_bench  # the CPU kernel called directly
+        return kernel_bench.main(argv)
     args = build_parser().parse_args(argv)
     configs = list(graphs.BENCH_CONFIGS) if args.configs == "all" else _list(args.configs)
     for c in configs:

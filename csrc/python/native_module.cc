@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -107,6 +108,68 @@ py::array quantize_dequantize(const std::string& op, py::array x, const py::dict
   }
 }
 
+// The kernel benchmark's reference: y = -x, compiled for the baseline instruction set as
+// onnxruntime's Neg is; not inlined, so that it is timed as a call, as the kernel is.
+__attribute__((noinline)) void negate(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = -x[i];
+}
+
+// For benchmarks/kernel_bench.py: each of `rounds` rounds calls the block op once on each
+// float32 array of xs (one thread; the outputs allocated once, 64-byte aligned as
+// onnxruntime's are) and then the negation loop on the same array, each call timed alone.
+// Returns (kernel, negation): per array, the best call's seconds.
+py::tuple time_block_op(const std::string& op, const py::list& xs, const py::dict& attrs,
+                        int rounds) {
+  try {
+    const std::string op_name = op == "MX" ? "MXQuantizeDequantize" : "BFPQuantizeDequantize";
+    if (op != "BFP" && op != "MX") throw InvalidArgument{"op must be \"BFP\" or \"MX\""};
+    if (rounds < 1) throw InvalidArgument{"rounds must be at least 1"};
+    const QdqParams params = parse_block_attributes(op == "MX" ? OpKind::kMx : OpKind::kBfp,
+                                                    op_name, dict_attributes(attrs));
+    struct Case {
+      py::array x;
+      Geometry g;
+      std::vector<float> y;  // (over-allocated by 16 floats, used from a 64-byte boundary)
+      float* out;
+    };
+    std::vector<Case> cases;
+    for (auto item : xs) {
+      Case c;
+      c.x = py::array::ensure(item, py::array::c_style);
+      if (!c.x || c.x.dtype().kind() != 'f' || c.x.dtype().itemsize() != 4)
+        throw InvalidArgument{"time_block_op takes float32 arrays"};
+      std::vector<int64_t> shape(c.x.shape(), c.x.shape() + c.x.ndim());
+      c.g = make_block_geometry(op_name, shape, params);
+      cases.push_back(std::move(c));
+    }
+    for (Case& c : cases) {
+      c.y.assign(static_cast<size_t>(c.g.num_elements) + 16, 0.0f);
+      const auto a = reinterpret_cast<uintptr_t>(c.y.data());
+      c.out = c.y.data() + ((64 - a % 64) % 64) / sizeof(float);
+    }
+    std::vector<double> kernel(cases.size(), 1e30), neg(cases.size(), 1e30);
+    {
+      py::gil_scoped_release release;
+      using clock = std::chrono::steady_clock;
+      for (int r = 0; r < rounds; ++r)
+        for (size_t i = 0; i < cases.size(); ++i) {
+          const Case& c = cases[i];
+          const auto* x = static_cast<const float*>(c.x.data());
+          const auto t0 = clock::now();
+          cpu::quantize_dequantize(params, DType::kFloat32, x, c.out, c.g, cpu::run_serial);
+          const auto t1 = clock::now();
+          negate(x, c.out, c.g.num_elements);
+          const auto t2 = clock::now();
+          kernel[i] = std::min(kernel[i], std::chrono::duration<double>(t1 - t0).count());
+          neg[i] = std::min(neg[i], std::chrono::duration<double>(t2 - t1).count());
+        }
+    }
+    return py::make_tuple(kernel, neg);
+  } catch (const InvalidArgument& e) {
+    throw py::value_error(e.message);
+  }
+}
+
 py::object int_or_none(const std::optional<int64_t>& v) {
   return v ? py::object(py::int_(*v)) : py::object(py::none());
 }
@@ -157,6 +220,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("quantize_dequantize", &quantize_dequantize, py::arg("op"), py::arg("x"),
         py::arg("attrs"), py::arg("dtype") = "", py::arg("threads") = 1,
         "Block quantize-dequantize of x; op is \"BFP\" or \"MX\"; attrs as the ONNX node's.");
+  m.def("time_block_op", &time_block_op, py::arg("op"), py::arg("xs"), py::arg("attrs"),
+        py::arg("rounds") = 100,
+        "Per float32 array of xs, the best of `rounds` calls of the block op (one thread) and "
+        "of a negation loop on the same array, interleaved: two lists of seconds.");
   m.def("cpu_isa", [] {
     try {
       return std::string(cpu::isa_name(cpu::selected_isa()));

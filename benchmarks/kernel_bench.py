@@ -1,0 +1,188 @@
+"""The CPU kernel alone: ``ort-mx-bench --kernel``.
+
+Calls the block quantize-dequantize kernel directly (``ort_mx_ops._native.time_block_op``: no
+onnxruntime session, no per-node overhead) on a set of activation shapes, one thread, and a
+negation loop on the same arrays in the same rounds, so a change to the CPU walker shows
+without onnxruntime's per-call cost around it. The default shapes are the activations of 4 Ki
+elements and more that the quantizer's default placement quantizes in the OCR demo's direction
+classifier (``ch_ppocr_mobile_v2.0_cls``, input 1x3x48x192), each as often as the model has it;
+blocked along the channels, as there.
+
+    ort-mx-bench --kernel                                   # every BFP / MX configuration
+    ort-mx-bench --kernel --configs MXINT8,BFP16 --per-shape
+    ort-mx-bench --kernel --shapes 256x16x16,64x56x56*2 --nchwc
+    MXOPS_CPU_ISA=avx2 ort-mx-bench --kernel                # another SIMD path
+
+The negation loop is compiled for the baseline instruction set, as onnxruntime's ``Neg`` is;
+``x Neg`` is its time over ours (higher is faster). Per array the best of ``--rounds`` calls
+counts; a configuration's total is the sum over the shapes, each times its count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ort_mx_ops.benchmarks import graphs, harness
+
+__all__ = ["CLASSIFIER_SHAPES", "parse_shapes", "run", "main"]
+
+# (channels, height, width), count: see the module docstring.
+CLASSIFIER_SHAPES: tuple[tuple[tuple[int, int, int], int], ...] = (
+    ((200, 2, 96), 4), ((104, 3, 96), 1), ((3, 48, 192), 1), ((24, 12, 96), 1),
+    ((88, 3, 96), 4), ((104, 2, 96), 1), ((8, 24, 96), 2), ((32, 6, 96), 3),
+    ((24, 6, 96), 1), ((48, 3, 96), 2), ((40, 3, 96), 2), ((8, 12, 96), 2),
+    ((32, 3, 96), 1), ((32, 2, 96), 3), ((8, 6, 96), 2), ((16, 3, 96), 5))
+
+
+def parse_shapes(text: str) -> list[tuple[tuple[int, int, int], int]]:
+    """'200x2x96*4,16x3x96' -> [((200, 2, 96), 4), ((16, 3, 96), 1)]: channels x height x
+    width, optionally * how often it occurs."""
+    shapes = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        dims, _, count = item.partition("*")
+        try:
+            c, h, w = (int(d) for d in dims.lower().split("x"))
+            n = int(count) if count else 1
+        except ValueError:
+            raise ValueError(f"shape {item!r}: expected CxHxW or CxHxW*count") from None
+        if min(c, h, w, n) < 1:
+            raise ValueError(f"shape {item!r}: every dimension and the count must be >= 1")
+        shapes.append(((c, h, w), n))
+    if not shapes:
+        raise ValueError("no shapes given")
+    return shapes
+
+
+def block_configs() -> list[str]:
+    """The benchmark's BFP / MX configurations (BF16 has no block kernel)."""
+    return [c for c in graphs.BENCH_CONFIGS if graphs.config_spec(c).op in ("BFP", "MX")]
+
+
+def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
+        nchwc_block: int = 0, rounds: int = 200, seed: int = 0) -> list[dict]:
+    """Time each configuration on ``shapes`` ([1, C, H, W] float32 tensors of normal values,
+    blocked along C; with ``nchwc_block`` the channels are rounded up to a multiple of it and
+    the kernel reads the NCHWc memory order). Returns one row per configuration: totals and
+    per-shape seconds (best calls) of the kernel and of the negation loop."""
+    from ort_mx_ops import _native
+
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for (c, h, w), count in shapes:
+        if nchwc_block:
+            c = -(-c // nchwc_block) * nchwc_block
+        tensors.append(((1, c, h, w), count, rng.standard_normal((1, c, h, w)).astype(np.float32)))
+    rows = []
+    for config in configs:
+        spec = graphs.config_spec(config)
+        if spec.op not in ("BFP", "MX"):
+            raise ValueError(f"{config}: no block kernel (BFP / MX configurations only)")
+        attrs = dict(spec.attrs, axis=1)
+        if nchwc_block:
+            attrs["nchwc_block"] = nchwc_block
+        kernel, neg = _native.time_block_op(spec.op, [t for _, _, t in tensors], attrs, rounds)
+        per_shape = [{"shape": list(shape), "count": count, "kernel_s": k, "neg_s": n,
+                      "x_neg": n / k}
+                     for (shape, count, _), k, n in zip(tensors, kernel, neg)]
+        elements = sum(int(np.prod(shape)) * count for shape, count, _ in tensors)
+        total_k = sum(r["kernel_s"] * r["count"] for r in per_shape)
+        total_n = sum(r["neg_s"] * r["count"] for r in per_shape)
+        rows.append({"config": config, "elements": elements, "kernel_s": total_k,
+                     "neg_s": total_n, "kernel_el_per_ns": elements / total_k * 1e-9,
+                     "neg_el_per_ns": elements / total_n * 1e-9, "x_neg": total_n / total_k,
+                     "shapes": per_shape})
+    return rows
+
+
+def markdown(doc: dict) -> str:
+    """The report of :func:`main` as Markdown."""
+    o = doc["options"]
+    m = doc["machine"]
+    load = m.get("load_average")
+    lines = ["# Kernel benchmark (the CPU kernel called directly)", "",
+             f"- {m['cpu']}; SIMD path {doc['isa']}; one thread; best of {o['rounds']} calls "
+             f"per array; nchwc_block {o['nchwc_block']}"
+             + (f"; load average {load[0]:.1f} before" if load else "") + f"; {m['time']}", "",
+             "| config | elements | ours µs | ours el/ns | Neg µs | Neg el/ns | ×Neg |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["results"]:
+        lines.append(f"| {r['config']} | {r['elements']} | {r['kernel_s'] * 1e6:.1f} | "
+                     f"{r['kernel_el_per_ns']:.2f} | {r['neg_s'] * 1e6:.1f} | "
+                     f"{r['neg_el_per_ns']:.2f} | {r['x_neg']:.2f} |")
+    if o["per_shape"]:
+        lines += ["", "## Per shape (×Neg)", "",
+                  "| shape [1, C, H, W] | count | " + " | ".join(r["config"] for r in doc["results"]) + " |",
+                  "|---|---:|" + "---:|" * len(doc["results"])]
+        for i, s in enumerate(doc["results"][0]["shapes"] if doc["results"] else []):
+            cells = " | ".join(f"{r['shapes'][i]['x_neg']:.2f}" for r in doc["results"])
+            lines.append(f"| {s['shape']} | {s['count']} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ort-mx-bench --kernel",
+        description="The CPU block kernel called directly (no onnxruntime), against a "
+                    "negation loop on the same arrays, one thread.")
+    p.add_argument("--kernel", action="store_true", help="this mode")
+    p.add_argument("--configs", default="all",
+                   help=f"comma separated of {', '.join(block_configs())} (default: all)")
+    p.add_argument("--shapes", default=None,
+                   help="CxHxW[*count], comma separated (default: the OCR demo's direction "
+                        "classifier's activations of 4 Ki elements and more)")
+    p.add_argument("--nchwc", action="store_true",
+                   help="the NCHWc view: channels rounded up to this CPU's NCHWc block, the "
+                        "kernel reading onnxruntime's blocked memory order")
+    p.add_argument("--rounds", type=int, default=200, help="calls per array (best counts)")
+    p.add_argument("--per-shape", action="store_true", help="also a table per shape")
+    p.add_argument("--out", default="bench-results", help="output folder")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    known = block_configs()
+    configs = known if args.configs == "all" else [c.strip() for c in args.configs.split(",")
+                                                   if c.strip()]
+    for c in configs:
+        if c not in known:
+            raise SystemExit(f"unknown or non-block config {c!r}; known: {', '.join(known)}")
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else list(CLASSIFIER_SHAPES)
+    except ValueError as e:
+        raise SystemExit(f"--shapes: {e}") from None
+    block = 0
+    if args.nchwc:
+        block = harness.nchwc_block()
+        if not block:
+            raise SystemExit("--nchwc: onnxruntime uses no NCHWc layout on this CPU")
+    from ort_mx_ops import _native
+
+    results = run(configs, shapes, block, args.rounds)
+    doc = {"machine": harness.machine_info(), "isa": _native.cpu_isa(),
+           "options": {"configs": configs, "shapes": [[list(s), n] for s, n in shapes],
+                       "nchwc_block": block, "rounds": args.rounds,
+                       "per_shape": args.per_shape},
+           "results": results}
+    text = markdown(doc)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel_results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "kernel_results.md").write_text(text)
+    if not args.quiet:
+        print(text, end="")
+        print(f"wrote {out / 'kernel_results.json'}, {out / 'kernel_results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
