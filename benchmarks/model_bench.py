@@ -1,7 +1,7 @@
 """Model-level benchmark: ``ort-mx-bench --model PATH``.
 
 Quantizes one ONNX model with each configuration (the quantizer's defaults), then measures on
-the CPU execution provider, at batch 1, in one process:
+one execution provider (``--ep``, default the CPU's), at batch 1, in one process:
 
 * latency: the float model and every quantized model run in turns, round after round, so
   load from elsewhere on the machine hits them alike; reported as median and fastest run,
@@ -16,7 +16,10 @@ the CPU execution provider, at batch 1, in one process:
   (the quantize-dequantize nodes) and of the layout conversions onnxruntime inserts around
   its blocked NCHWc convolutions (``ReorderInput`` / ``ReorderOutput``);
 * that the outputs are real: every quantized model's outputs are finite where the float
-  model's are, and their largest difference from the float outputs is recorded.
+  model's are, and their largest difference from the float outputs is recorded;
+* on a GPU provider (``--ep CUDA``), every model also runs once on the CPU provider: whether
+  the outputs are the same bits, their largest difference and how often the arg-max along
+  the last axis agrees (a class or character per position), and which provider ran our nodes.
 
 Writes ``model_results.json`` and ``model_results.md`` to ``--out``.
 """
@@ -29,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -40,7 +43,7 @@ import onnxruntime as ort
 
 import ort_mx_ops
 from ort_mx_ops.benchmarks.graphs import BF16_FUSED
-from ort_mx_ops.benchmarks.harness import machine_info
+from ort_mx_ops.benchmarks.harness import EP_DEVICE, machine_info
 from ort_mx_ops.formats import CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
 __all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_breakdowns",
@@ -49,6 +52,7 @@ __all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_b
 LAYOUT_OPS = ("ReorderInput", "ReorderOutput")  # onnxruntime's NCHW <-> NCHWc conversions
 _OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN)
 DEFAULT_CONFIGS = ("BFP16", "MX9", "MXFP8E4M3", "MXINT8", "BF16")
+CPU_EP = "CPUExecutionProvider"
 
 
 @dataclass
@@ -66,6 +70,7 @@ class ModelOptions:
     profile_runs: int = 20
     extra_models: dict[str, str] = field(default_factory=dict)   # label -> prepared model
     nchwc: bool = False          # also time each config through quantizer.nchwc
+    ep: str = CPU_EP             # the execution provider timed and profiled
     log: Callable[[str], None] = print
 
 
@@ -122,17 +127,19 @@ def make_feeds(model: onnx.ModelProto, opts: ModelOptions, seed: int = 0) -> dic
 # ---------------------------------------------------------------------------------------------
 
 def _session(path: str, threads: int, profile_prefix: Optional[str] = None,
-             optimization: Optional[str] = None) -> ort.InferenceSession:
+             optimization: Optional[str] = None, ep: str = CPU_EP) -> ort.InferenceSession:
+    """A session on ``ep`` with our library for that provider's device registered; a GPU
+    provider keeps the CPU provider behind it for the nodes it has no kernel for."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = threads
-    ort_mx_ops.register(so)
+    ort_mx_ops.register(so, EP_DEVICE[ep][0])
     if optimization == "disabled":  # a model that is already onnxruntime-optimised
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, so, providers=[ep] if ep == CPU_EP else [ep, CPU_EP])
 
 
 def _optimization_of(path: str) -> Optional[str]:
@@ -148,13 +155,14 @@ def our_op_types(model: onnx.ModelProto) -> set[str]:
 
 
 def profile_breakdowns(paths: dict[str, str], feeds: dict[str, np.ndarray], runs: int,
-                       threads: int, ours: set[str], workdir: str) -> dict[str, dict[str, Any]]:
+                       threads: int, ours: set[str], workdir: str,
+                       ep: str = CPU_EP) -> dict[str, dict[str, Any]]:
     """Per model of ``paths``, the per-op-type time of one run from onnxruntime's profiler:
     each node's median kernel time over ``runs`` runs (after one warm-up), summed per op
     type.  The models run in turns, one run each per round, so load from elsewhere hits them
     alike.  Shares are of the summed node time, so they add up to 1."""
     sessions = {label: _session(path, threads, optimization=_optimization_of(path),
-                                profile_prefix=os.path.join(workdir, f"profile{i}"))
+                                profile_prefix=os.path.join(workdir, f"profile{i}"), ep=ep)
                 for i, (label, path) in enumerate(paths.items())}
     for _ in range(runs + 1):
         for sess in sessions.values():
@@ -170,12 +178,14 @@ def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
     per_node: dict[str, list[float]] = defaultdict(list)
     node_op: dict[str, str] = {}
     node_elems: dict[str, int] = {}
+    node_provider: dict[str, str] = {}
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
             name = e["name"][: -len("_kernel_time")]
             per_node[name].append(float(e["dur"]) * 1e-6)
             node_op[name] = e["args"]["op_name"]
             node_elems[name] = _first_input_elements(e["args"])
+            node_provider[name] = e["args"].get("provider", "")
     by_op: dict[str, dict[str, float]] = {}
     by_size: dict[str, dict[str, dict[str, float]]] = {"ours": {}, "layout": {}}
     for name, durs in per_node.items():
@@ -204,6 +214,9 @@ def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
         "ours_seconds": ours_s,
         "ours_share": ours_s / total if total > 0 else 0.0,
         "ours_nodes": sum(r["nodes"] for op, r in by_op.items() if op in ours),
+        # which execution provider ran our nodes: provider -> nodes
+        "ours_providers": dict(sorted(Counter(node_provider[n] for n, op in node_op.items()
+                                              if op in ours).items())),
         "layout_seconds": layout_s,
         "layout_share": layout_s / total if total > 0 else 0.0,
         "layout_nodes": sum(r["nodes"] for op, r in by_op.items() if op in LAYOUT_OPS),
@@ -274,6 +287,27 @@ def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
             "finite_where_float_is": finite_ok}
 
 
+def compare_to_cpu(cpu: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
+    """How far one model's outputs on another provider are from its outputs on the CPU
+    provider: the same bits or not, the largest difference where both are finite, and the
+    share of positions whose arg-max along the last axis agrees (for a classifier or a CTC
+    recogniser: the same class or character)."""
+    same_bits = all(np.array_equal(np.ascontiguousarray(a).view(np.uint8),
+                                   np.ascontiguousarray(b).view(np.uint8))
+                    for a, b in zip(cpu, out))
+    agree, positions, diff = 0, 0, 0.0
+    for a, b in zip(cpu, out):
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        both = np.isfinite(a64) & np.isfinite(b64)
+        if both.any():
+            diff = max(diff, float(np.max(np.abs(a64[both] - b64[both]))))
+        if a64.ndim >= 1 and a64.size and np.issubdtype(np.asarray(a).dtype, np.floating):
+            agree += int(np.sum(np.argmax(a64, axis=-1) == np.argmax(b64, axis=-1)))
+            positions += a64.size // a64.shape[-1]
+    return {"bit_identical_to_cpu": same_bits, "max_abs_diff_vs_cpu": diff,
+            "argmax_agreement_vs_cpu": agree / positions if positions else None}
+
+
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
@@ -328,9 +362,16 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         for label, path in variants.items():
             if label != "float":
                 ours |= our_op_types(onnx.load(path, load_external_data=False))
-        sessions = {label: _session(p, opts.threads, optimization=_optimization_of(p))
+        sessions = {label: _session(p, opts.threads, optimization=_optimization_of(p),
+                                    ep=opts.ep)
                     for label, p in variants.items()}
         outs = {label: s.run(None, feeds) for label, s in sessions.items()}
+        vs_cpu = {}
+        if opts.ep != CPU_EP:  # the same models on the CPU provider, one run each
+            for label, p in variants.items():
+                cpu_out = _session(p, opts.threads, optimization=_optimization_of(p)).run(
+                    None, feeds)
+                vs_cpu[label] = compare_to_cpu(cpu_out, outs[label])
         checks = {label: _compare(outs["float"], o) for label, o in outs.items()
                   if label != "float"}
         for label, info in qinfo.items():
@@ -343,7 +384,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                                    opts.max_rounds, opts.warm_runs)
         del sessions
         profiles = profile_breakdowns(variants, feeds, opts.profile_runs, opts.threads, ours,
-                                      workdir)
+                                      workdir, opts.ep)
         for label, prof in profiles.items():
             opts.log(f"  profiled {label}: ours {prof['ours_share']:.1%}, layout "
                      f"{prof['layout_share']:.1%}")
@@ -380,7 +421,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
             "layout_extra_seconds": prof["layout_seconds"] - f_layout,
             "layout_extra_vs_float_node_time": (prof["layout_seconds"] - f_layout)
             / profiles["float"]["node_seconds"],
-            **qinfo.get(label, {}), **checks.get(label, {}),
+            **qinfo.get(label, {}), **checks.get(label, {}), **vs_cpu.get(label, {}),
         })
     return {
         "kind": "model",
@@ -393,7 +434,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                     "rounds": opts.rounds, "warm_runs": opts.warm_runs,
                     "min_time": opts.min_time,
                     "max_rounds": opts.max_rounds, "profile_runs": opts.profile_runs,
-                    "extra_models": opts.extra_models, "nchwc": opts.nchwc},
+                    "extra_models": opts.extra_models, "nchwc": opts.nchwc, "ep": opts.ep},
         "results": rows,
     }
 
@@ -414,7 +455,8 @@ def markdown(doc: dict) -> str:
     runs = doc["results"][0]["runs"]
     warm_runs = o.get("warm_runs", 0)
     turn = "one cold run" + (f" and {warm_runs} warm runs" if warm_runs else "")
-    out.append(f"- intra-op threads {o['threads'] or 'default'}; {runs} interleaved "
+    out.append(f"- execution provider {o.get('ep', CPU_EP)}; intra-op threads "
+               f"{o['threads'] or 'default'}; {runs} interleaved "
                f"rounds after {o['warmup']} warm-up runs, each turn {turn}; profile: per-node "
                f"median of {o['profile_runs']} runs; load average {before:.1f} before, "
                f"{after:.1f} after")
@@ -457,6 +499,21 @@ def markdown(doc: dict) -> str:
                    f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
                    f"{r['layout_extra_vs_float_node_time']:+.1%} | {diff} |")
     out.append("")
+    if any("bit_identical_to_cpu" in r for r in doc["results"]):
+        out.append(f"## On {o['ep']} against the CPU provider (same model, same inputs)")
+        out.append("")
+        out.append("| variant | our nodes ran on | same bits | max |Δ| vs CPU | "
+                   "arg-max agreement |")
+        out.append("|---|---|---|---|---|")
+        for r in doc["results"]:
+            where = ", ".join(f"{p_.replace('ExecutionProvider', '')} {n}"
+                              for p_, n in r["profile"].get("ours_providers", {}).items())
+            agree = r["argmax_agreement_vs_cpu"]
+            out.append(f"| {r['variant']} | {where or '–'} | "
+                       f"{'yes' if r['bit_identical_to_cpu'] else 'no'} | "
+                       f"{r['max_abs_diff_vs_cpu']:.3g} | "
+                       f"{'–' if agree is None else f'{agree:.4f}'} |")
+        out.append("")
     out.append("## Our nodes and layout conversions by input size (nodes: ms per run, "
                "elements/ns)")
     out.append("")
@@ -536,10 +593,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nchwc", action="store_true",
                    help="also time each config pre-optimised with our nodes inside "
                         "onnxruntime's NCHWc layout (ort_mx_ops.quantizer.nchwc)")
+    p.add_argument("--ep", default="CPU",
+                   help="execution provider to time and profile: CPU, CUDA or ROCM (or its "
+                        "full name); on a GPU provider every model also runs once on the CPU "
+                        "provider to compare outputs (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="smoke run: few rounds (CI)")
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--quiet", action="store_true")
     return p
+
+
+def resolve_ep(name: str) -> str:
+    """The full provider name of ``name`` (CPU, CUDA, ROCM or a full name) where this
+    onnxruntime has it; SystemExit with the reason otherwise."""
+    full = name if name.endswith("ExecutionProvider") else f"{name.upper()}ExecutionProvider"
+    full = {k.upper(): k for k in EP_DEVICE}.get(full.upper(), full)
+    if full not in EP_DEVICE:
+        raise SystemExit(f"--ep: unknown execution provider {name!r}; known: "
+                         f"{', '.join(EP_DEVICE)}")
+    have = ort.get_available_providers()
+    if full not in have:
+        raise SystemExit(f"--ep: {full} is not in this onnxruntime ({', '.join(have)})")
+    device = EP_DEVICE[full][0]
+    if device not in ort_mx_ops.available_devices():
+        raise SystemExit(f"--ep: {full} needs the {device} library of ort-mx-ops, which this "
+                         "installation does not have (it is built where its compiler was "
+                         "found at install time)")
+    return full
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -557,6 +637,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         extra[label] = path
     if args.warm_runs < 0:
         raise SystemExit(f"--warm-runs must be 0 or more, got {args.warm_runs}")
+    ep = resolve_ep(args.ep)
+    if args.nchwc and ep != CPU_EP:
+        raise SystemExit("--nchwc: onnxruntime's NCHWc layout is the CPU provider's; "
+                         f"leave it out with --ep {args.ep}")
     warmup, rounds, min_time, profile_runs = (1, 3, 0.0, 2) if args.tiny else \
         (args.warmup, args.rounds, args.min_time, args.profile_runs)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
@@ -565,7 +649,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         rounds=rounds, warm_runs=args.warm_runs, min_time=min_time,
                         max_rounds=max(rounds, args.max_rounds),
                         profile_runs=profile_runs, extra_models=extra, nchwc=args.nchwc,
-                        log=log)
+                        ep=ep, log=log)
     try:
         doc = run_model_bench(opts)
     except (FileNotFoundError, ValueError) as exc:

@@ -42,7 +42,11 @@ class TorchDevice:
         return self.torch.from_numpy(view.copy()).cuda()
 
     def empty(self, n: int, dtype: np.dtype, fill: int):
-        return self.upload(np.full(n, fill, dtype={4: np.uint32, 2: np.uint16}[dtype.itemsize]))
+        """n elements of dtype's size holding the bit pattern `fill`, made on the device."""
+        bits = 8 * dtype.itemsize
+        signed = fill - (1 << bits) if fill >= 1 << (bits - 1) else fill
+        return self.torch.full((n,), signed, device="cuda",
+                               dtype={4: self.torch.int32, 2: self.torch.int16}[dtype.itemsize])
 
     def download(self, t, dtype: np.dtype) -> np.ndarray:
         self.torch.cuda.synchronize()
@@ -53,6 +57,18 @@ class TorchDevice:
 
     def stream(self) -> int:
         return self.torch.cuda.current_stream().cuda_stream
+
+    def free_bytes(self) -> int:
+        return self.torch.cuda.mem_get_info()[0]
+
+    def tile(self, period: np.ndarray, reps: int):
+        """`period` repeated `reps` times along a new leading axis, on the device, flat."""
+        return self.upload(period).reshape(1, -1).repeat(reps, 1).reshape(-1)
+
+    def count_tile_mismatches(self, y, want_bits: np.ndarray, reps: int) -> int:
+        """Elements of y (as bits) that differ from `want_bits` tiled `reps` times."""
+        want = self.upload(want_bits).reshape(1, -1)
+        return int((y.reshape(reps, -1) != want).sum().item())
 
 
 class CupyDevice:
@@ -78,6 +94,16 @@ class CupyDevice:
 
     def stream(self) -> int:
         return self.cp.cuda.get_current_stream().ptr
+
+    def free_bytes(self) -> int:
+        return self.cp.cuda.runtime.memGetInfo()[0]
+
+    def tile(self, period: np.ndarray, reps: int):
+        return self.cp.tile(self.upload(period).reshape(-1), reps)
+
+    def count_tile_mismatches(self, y, want_bits: np.ndarray, reps: int) -> int:
+        want = self.upload(want_bits).reshape(1, -1)
+        return int((y.reshape(reps, -1) != want).sum())
 
 
 def _find_device():
@@ -185,6 +211,36 @@ def test_gpu_matches_cpu_large(device, gpu_lib, name, shape, axis):
         want = gc.cpu_reference(case, x)
         got = run_device(device, gpu_lib, case, x)
         assert np.array_equal(gc.bits(got), gc.bits(want)), f"{name} {dtype} {shape} axis {axis}"
+
+
+# Over 2^32 elements: a period of rows that divides neither 2^31 nor 2^32, tiled on the
+# device, so every element's expected bits are the CPU result for its place in the period and
+# an index that wraps at 2^31 or 2^32 reads or writes a row of another phase.
+HUGE_ELEMENTS = (1 << 32) + (1 << 20)
+HUGE_COLUMNS = 1000
+
+
+@pytest.mark.parametrize("name,axis,period_rows", [("MXINT8", 1, 999), ("MX9", 1, 999),
+                                                   ("BFP16", 0, 992), ("MXFP4E2M1", 0, 992)])
+def test_gpu_over_2_32_elements(device, gpu_lib, name, axis, period_rows):
+    cfg = gc.CONFIGS[name]
+    reps = -(-HUGE_ELEMENTS // (period_rows * HUGE_COLUMNS))
+    shape = (period_rows * reps, HUGE_COLUMNS)
+    n = shape[0] * shape[1]
+    need = 5 * n  # x and y in float16, and a boolean comparison of the same length
+    free = device.free_bytes()
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of device memory, {free / 2**30:.1f} free")
+    case = gc.Case(f"{name}-huge", cfg.op, dict(cfg.attrs, axis=axis), "float16",
+                   (period_rows, HUGE_COLUMNS), seed=zlib.crc32(name.encode()))
+    period = gc.make_input(case.shape, "float16", case.seed)
+    want = gc.bits(gc.cpu_reference(case, period))
+    xd = device.tile(period, reps)
+    yd = device.empty(n, np.dtype(np.float16), gc.POISON["float16"])
+    gc.call_qdq(gpu_lib, case.op, case.attr_string, "float16", shape, device.ptr(xd),
+                device.ptr(yd), device.stream())
+    wrong = device.count_tile_mismatches(yd, want, reps)
+    assert wrong == 0, f"{wrong} of {n} elements differ from the CPU result of their period"
 
 
 @pytest.mark.parametrize("shape,axis,per_channel", [

@@ -185,3 +185,51 @@ def test_nchwc_variants(tmp_path):
     for config in ("BFP16", "MXINT8"):
         assert rows[config + "+nchwc"]["nchwc_rewritten"] == 2
         assert layout[config + "+nchwc"] == layout[config] - 4
+
+
+def test_compare_to_cpu():
+    """The GPU-provider check: same bits, largest difference, arg-max agreement per position."""
+    rng = np.random.default_rng(3)
+    cpu = [rng.standard_normal((1, 40, 97)).astype(np.float32), np.arange(5, dtype=np.int64)]
+    same = model_bench.compare_to_cpu(cpu, [a.copy() for a in cpu])
+    assert same == {"bit_identical_to_cpu": True, "max_abs_diff_vs_cpu": 0.0,
+                    "argmax_agreement_vs_cpu": 1.0}
+    moved = [cpu[0].copy(), cpu[1]]
+    moved[0][0, 3] = 0.0
+    moved[0][0, 3, 7] = 100.0  # position 3's arg-max changes, nothing else does
+    moved[0][0, 5, 0] = np.nextafter(moved[0][0, 5, 0], np.float32(np.inf))  # one ulp
+    r = model_bench.compare_to_cpu(cpu, moved)
+    assert r["bit_identical_to_cpu"] is False
+    assert r["argmax_agreement_vs_cpu"] == 39 / 40
+    assert r["max_abs_diff_vs_cpu"] == pytest.approx(
+        float(np.max(np.abs(cpu[0][0, 3].astype(np.float64) - moved[0][0, 3]))))
+    # -0.0 against +0.0: equal values, different bits
+    z = [np.zeros((2, 3), np.float32)]
+    r = model_bench.compare_to_cpu(z, [-z[0]])
+    assert r["bit_identical_to_cpu"] is False and r["max_abs_diff_vs_cpu"] == 0.0
+
+
+def test_ep_option(tmp_path):
+    import onnxruntime as ort
+    assert model_bench.resolve_ep("cpu") == "CPUExecutionProvider"
+    assert model_bench.resolve_ep("CPUExecutionProvider") == "CPUExecutionProvider"
+    with pytest.raises(SystemExit, match="unknown execution provider 'TPU'"):
+        model_bench.resolve_ep("TPU")
+    model = _conv_chain(tmp_path / "c.onnx")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(SystemExit, match="CUDAExecutionProvider is not in this onnxruntime"):
+            model_bench.resolve_ep("CUDA")
+        proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model", model,
+                               "--ep", "CUDA"], capture_output=True, text=True)
+        assert proc.returncode != 0 and "--ep: CUDAExecutionProvider is not" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model", model,
+                           "--shape", "x=1x3x12x12", "--configs", "MXINT8", "--tiny", "--ep",
+                           "cpu", "--out", str(tmp_path / "o"), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "o" / "model_results.json").read_text())
+    assert doc["options"]["ep"] == "CPUExecutionProvider"
+    # on the CPU provider there is nothing to compare against, and our nodes ran there
+    q = doc["results"][1]
+    assert "bit_identical_to_cpu" not in q
+    assert q["profile"]["ours_providers"] == {"CPUExecutionProvider": q["profile"]["ours_nodes"]}
