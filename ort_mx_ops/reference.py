@@ -366,15 +366,27 @@ def extended_quantize_linear(x: np.ndarray, scale: np.ndarray, zero_point_bf16: 
     return np.where(np.isnan(v), np.uint16(0x7FC1), float32_to_bfloat16_bits(v))
 
 
+def _with_x86_nan(r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """r = a (op) b, where r is NaN replaced by the NaN an x86 processor gives: a NaN operand
+    with its quiet bit set (a where both are NaN), else (Inf - Inf, 0 × Inf) 0xFFC00000."""
+    a, b = np.broadcast_to(a, r.shape), np.broadcast_to(b, r.shape)
+    quiet = lambda v: np.ascontiguousarray(v, dtype=F32).view(np.uint32) | np.uint32(0x400000)  # noqa: E731
+    nan = np.where(np.isnan(a), quiet(a), np.where(np.isnan(b), quiet(b), np.uint32(0xFFC00000)))
+    bits = np.where(np.isnan(r), nan, np.ascontiguousarray(r, dtype=F32).view(np.uint32))
+    return bits.astype(np.uint32).view(F32)
+
+
 def extended_dequantize_linear(y_bf16: np.ndarray, scale: np.ndarray,
                                zero_point_bf16: np.ndarray, axis: int = 1) -> np.ndarray:
     """``ExtendedDequantizeLinear`` with a bfloat16 zero point:
-    x = (float(y) - float(zp)) * scale, float32."""
+    x = (float(y) - float(zp)) * scale, float32; a NaN result is the one x86 gives
+    (docs/formats.md: the NaN operand, quieted, else 0xFFC00000)."""
     y = bfloat16_bits_to_float32(y_bf16)
     s = _per_axis(np.asarray(scale, dtype=F32), y.ndim, axis)
     zp = _per_axis(bfloat16_bits_to_float32(zero_point_bf16), y.ndim, axis)
     with np.errstate(all="ignore"):
-        return ((y - zp) * s).astype(F32)
+        d = _with_x86_nan((y - zp).astype(F32), y, zp)
+        return _with_x86_nan((d * s).astype(F32), d, s)
 
 
 def bf16_quantize_dequantize(x: np.ndarray, scale: np.ndarray, zero_point_bf16: np.ndarray,

@@ -15,7 +15,7 @@ import numpy as np
 
 from pathlib import Path
 
-from ort_mx_ops import _native
+from ort_mx_ops import _native, reference
 from ort_mx_ops.formats import CONFIGS
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -267,26 +267,30 @@ def call_bf16_qdq(lib: ctypes.CDLL, direction: int, shape: tuple[int, ...], axis
         raise ValueError(err.value.decode())
 
 
+def bf16_nan_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Inputs whose BF16 dequantization is NaN in every way, along axis 1 of an [8, 6] tensor:
+    (y as bfloat16 bits, x as float32 for the fused op, scale, zero point bits). Rows hold NaN
+    payloads (quiet, signalling, negative), +-Inf, 1, +-0; the six channels an ordinary one, a
+    NaN zero point, an Inf zero point (Inf - Inf), a NaN scale, a zero scale (0 x Inf) and a
+    signalling-NaN zero point with a NaN scale."""
+    column = np.array([0x7FC1, 0x7F81, 0xFFC5, 0x7F80, 0xFF80, 0x3F80, 0x0000, 0x8000], np.uint16)
+    y = np.repeat(column[:, None], 6, axis=1)
+    x = (y.astype(np.uint32) << 16).view(np.float32)
+    x[0, :] = np.array([0x7FA00001], np.uint32).view(np.float32)[0]  # a float32 signalling NaN
+    scale = np.array([1.5, 2.0, 0.5, 0.0, 0.0, 0.0], np.float32)
+    scale.view(np.uint32)[3] = 0x7FA00001
+    scale.view(np.uint32)[5] = 0xFFC00123
+    zp = np.array([0x3F80, 0x7FC3, 0x7F80, 0x4000, 0x0000, 0x7F85], np.uint16)
+    return y, x, scale, zp
+
+
 def bf16_reference(direction: int, x: np.ndarray, scale: np.ndarray, zp: np.ndarray,
                    axis: int) -> np.ndarray:
-    """The BF16 quantize / dequantize in numpy: y = bfloat16(x / scale + zp) (NaN -> 0x7FC1), x = (y - zp) * scale."""
-    shape = x.shape
-    if scale.size > 1:
-        ax = axis % x.ndim
-        bshape = [1] * x.ndim
-        bshape[ax] = scale.size
-        scale = scale.reshape(bshape)
-        zp = zp.reshape(bshape)
-    zpf = (zp.astype(np.uint32) << 16).view(np.float32)
-    with np.errstate(all="ignore"):
-        if direction == 0:
-            v = (x / scale + zpf).astype(np.float32)
-            u = np.ascontiguousarray(v).view(np.uint32)
-            out = ((u + 0x7fff + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-            out[np.isnan(v)] = 0x7fc1
-            return out.reshape(shape)
-        xf = (x.astype(np.uint32) << 16).view(np.float32)
-        return ((xf - zpf) * scale).astype(np.float32).reshape(shape)
+    """The numpy reference's BF16 quantize (direction 0: bfloat16 bits of x / scale + zp, NaN
+    -> 0x7FC1) or dequantize (1: (y - zp) * scale, x86's NaN results)."""
+    if direction == 0:
+        return reference.extended_quantize_linear(x, scale, zp, axis=axis)
+    return reference.extended_dequantize_linear(x, scale, zp, axis=axis)
 
 
 Runner = Callable[[Case, np.ndarray], np.ndarray]

@@ -21,6 +21,7 @@ import pytest
 
 import gpu_cases as gc
 import ort_mx_ops
+from ort_mx_ops import reference
 
 
 # ------------------------------------------------------------------------------------------
@@ -172,10 +173,9 @@ def run_device(device, lib, case: gc.Case, x: np.ndarray) -> np.ndarray:
     y = device.download(yd, dt)
     x_after = device.download(xd, dt)
     assert np.array_equal(gc.bits(x_after), gc.bits(xs)), "the kernel wrote its input"
-    poison = gc.bits(y)
-    untouched = np.concatenate([poison[:case.offset], poison[case.offset + n:]])
-    assert np.all(untouched == poison), \
-        "the kernel wrote outside the output"
+    out_bits = gc.bits(y)
+    untouched = np.concatenate([out_bits[:case.offset], out_bits[case.offset + n:]])
+    assert np.all(untouched == poison), "the kernel wrote outside the output"
     return y[case.offset:case.offset + n].reshape(case.shape).copy()
 
 
@@ -268,6 +268,21 @@ def test_gpu_bf16_quantize_dequantize(device, gpu_lib, shape, axis, per_channel)
                      device.ptr(zd), device.ptr(fd), device.stream())
     assert np.array_equal(gc.bits(device.download(fd, np.dtype(np.float32)).reshape(shape)),
                           gc.bits(d))
+
+
+def test_gpu_bf16_nan_results(device, gpu_lib):
+    """NaN results of the BF16 dequantize and the fused node are x86's (the CPU's), not the
+    GPU's canonical NaN: payloads carried, Inf - Inf and 0 x Inf giving 0xFFC00000."""
+    y, x, scale, zp = gc.bf16_nan_cases()
+    shape = y.shape
+    yd, xd, sd, zd = device.upload(y), device.upload(x), device.upload(scale), device.upload(zp)
+    for direction, src, want in ((1, yd, gc.bf16_reference(1, y, scale, zp, 1)),
+                                 (2, xd, reference.bf16_quantize_dequantize(x, scale, zp, 1))):
+        out = device.empty(y.size, np.dtype(np.float32), gc.POISON["float32"])
+        gc.call_bf16_qdq(gpu_lib, direction, shape, 1, True, device.ptr(src), device.ptr(sd),
+                         device.ptr(zd), device.ptr(out), device.stream())
+        got = device.download(out, np.dtype(np.float32)).reshape(shape)
+        assert np.array_equal(gc.bits(got), gc.bits(want)), (direction, gc.bits(got), gc.bits(want))
 
 
 # ------------------------------------------------------------------------------------------

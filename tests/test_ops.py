@@ -214,3 +214,64 @@ def test_thread_pool_split(config: str, layout) -> None:
         dict(attrs, block_size=12, sub_block_size=3)  # the scalar walker's split
     assert_bits_equal(run_one_node(op, "com.amd.quark", odd, x, "float32", threads=3),
                       reference_fn(cfg.op)(x, **odd), f"odd blocks {config} {shape}")
+
+
+def _bf16_node_model(op: str, domain: str, in_type: int, scale: np.ndarray,
+                     zp_bits: np.ndarray, shape: tuple[int, ...]):
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(scale, "s"),
+             helper.make_tensor("z", TensorProto.BFLOAT16, list(zp_bits.shape),
+                                zp_bits.astype("<u2").tobytes(), raw=True)]
+    node = helper.make_node(op, ["x", "s", "z"], ["y"], domain=domain, axis=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", in_type, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              initializer=inits)
+    return helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+
+
+def test_bf16_dequantize_nan_results() -> None:
+    """ExtendedDequantizeLinear and BF16QuantizeDequantize on the CPU give the reference's NaN
+    results (x86's: a NaN operand quieted, the left one first; else 0xFFC00000), which the
+    GPU kernels spell out too (tests/test_gpu_kernels.py)."""
+    import gpu_cases
+    from onnx import TensorProto
+    from conftest import make_session
+    from ort_mx_ops.formats import PRODUCT_DOMAIN, QUARK_DOMAIN
+    y, x, scale, zp = gpu_cases.bf16_nan_cases()
+    want = reference.extended_dequantize_linear(y, scale, zp, axis=1)
+    # NaN results of several kinds: payloads of y, of zp, of scale, and the default NaN
+    nan_bits = set(want.view(np.uint32)[np.isnan(want)].tolist())
+    assert {0x7FC10000, 0x7FC30000, 0x7FE00001, 0xFFC00000} <= nan_bits
+    sess = make_session(_bf16_node_model("ExtendedDequantizeLinear", QUARK_DOMAIN,
+                                         TensorProto.BFLOAT16, scale, zp, y.shape))
+    got = run_session_bf16_in(sess, y)
+    assert_bits_equal(got, want)
+    sess = make_session(_bf16_node_model("BF16QuantizeDequantize", PRODUCT_DOMAIN,
+                                         TensorProto.FLOAT, scale, zp, x.shape))
+    assert_bits_equal(sess.run(None, {"x": x})[0],
+                      reference.bf16_quantize_dequantize(x, scale, zp, axis=1))
+
+
+def run_session_bf16_in(sess, y_bits: np.ndarray) -> np.ndarray:
+    """Runs a session whose input "x" is bfloat16 (given as bits) and output "y" float32."""
+    import onnxruntime as ort
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+        np.ascontiguousarray(y_bits), 16))  # 16: TensorProto.BFLOAT16
+    binding.bind_output("y")
+    sess.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()[0]
+
+
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64"),
+                    reason="x86's own NaN results are what the reference spells out")
+def test_reference_nan_results_are_x86s() -> None:
+    """The reference's explicit NaN rule gives what this x86 processor computes itself."""
+    import gpu_cases
+    y, _, scale, zp = gpu_cases.bf16_nan_cases()
+    yf = (y.astype(np.uint32) << 16).view(np.float32)
+    zpf = (zp.astype(np.uint32) << 16).view(np.float32)
+    with np.errstate(all="ignore"):
+        plain = (yf - zpf) * scale
+    assert_bits_equal(reference.extended_dequantize_linear(y, scale, zp, axis=1), plain)

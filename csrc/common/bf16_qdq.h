@@ -20,13 +20,30 @@ MXOPS_HD LaneU<F> bf16_quantize_lanes(F x, float scale, float zp) {
   return select((u & 0x7fffffffu) > 0x7f800000u, splat<LaneU<F>>(0x7fc1u), BFloat16::store_bits(v));
 }
 
-// (float(y) - zp) * scale, y the bfloat16 bits in a 32-bit lane (kUnitScale: d * 1 is d,
-// a NaN's payload included, so the multiply is left out).
+// r = a (op) b where r is not NaN; where it is, the NaN an x86 processor gives (the CPU
+// backend's arithmetic and so Quark's CPU outputs): a NaN operand with its quiet bit set, the
+// left one where both are NaN, else (Inf - Inf, 0 x Inf) the default NaN 0xFFC00000. GPUs
+// return one canonical NaN (0x7FFFFFFF) instead, so the formulas that can pass a NaN on spell
+// these out. b's bits are taken without arithmetic, which would drop its payload on a GPU.
+template <class F>
+MXOPS_HD F with_x86_nan(F r, F a, float b) {
+  using U = LaneU<F>;
+  const U ur = f2u(r), ua = f2u(a), ub = splat<U>(f2u(b));
+  const U quiet_a = ua | 0x400000u, quiet_b = ub | 0x400000u;
+  const U nan = select((ua & 0x7fffffffu) > 0x7f800000u, quiet_a,
+                       select((ub & 0x7fffffffu) > 0x7f800000u, quiet_b, splat<U>(0xffc00000u)));
+  return u2f(select((ur & 0x7fffffffu) > 0x7f800000u, nan, ur));
+}
+
+// (float(y) - zp) * scale, y the bfloat16 bits in a 32-bit lane, NaN results as x86 gives
+// them (with_x86_nan; kUnitScale: d * 1 is d, a NaN's payload included, so the multiply is
+// left out).
 template <bool kUnitScale = false, class U>
 MXOPS_HD LaneF<U> bf16_dequantize_lanes(U y, float scale, float zp) {
-  const LaneF<U> d = BFloat16::load_bits(y) - zp;
+  const LaneF<U> v = BFloat16::load_bits(y);
+  const LaneF<U> d = with_x86_nan(v - zp, v, zp);
   if constexpr (kUnitScale) return d;
-  return d * scale;
+  return with_x86_nan(d * scale, d, scale);
 }
 
 // BF16QuantizeDequantize: the dequantized quantization of x, the pair's arithmetic in its
