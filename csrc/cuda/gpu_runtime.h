@@ -7,11 +7,14 @@
 // wavefront size without knowing it.
 #pragma once
 
+#include <cstdint>
+
 #if defined(MXOPS_GPU_EMULATION)
 #include "host_emulation.h"  // kernels on host threads, to test their logic without a GPU
 #elif defined(__HIP__) || defined(__HIPCC__)
 #include "../rocm/hip_compat.h"
 #else
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 // MXOPS_LAUNCH(grid, block, stream, kernel)(args...): a launch with no dynamic shared memory.
@@ -33,6 +36,12 @@ __device__ __forceinline__ int shfl_up(int v, int delta, int width) {
 }
 __device__ __forceinline__ int shfl(int v, int src_lane, int width) {
   return __shfl_sync(kFullMask, v, src_lane, width);
+}
+
+// The hardware's float16 conversions (correctly rounded; a NaN comes out canonical).
+__device__ __forceinline__ float half_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ uint16_t float_to_half_rn(float f) {
+  return __half_as_ushort(__float2half_rn(f));
 }
 
 }  // namespace mxops::gpu::port

@@ -17,6 +17,8 @@
 #include <tuple>
 #include <vector>
 
+#include "../common/numerics.h"
+
 #define __global__
 #define __device__
 #define __host__
@@ -144,5 +146,13 @@ inline int shfl_up(int v, int delta, int width) {
 }
 inline int shfl(int v, int src_lane, int width) {
   return emu::exchange(v, (emu::lane & ~(width - 1)) + src_lane);
+}
+// The GPU's float16 conversions: correctly rounded (Float16's code), and a NaN canonical as
+// the hardware gives it, so the emulated kernels need the NaN handling the real ones do.
+inline float half_to_float(uint16_t h) {
+  return (h & 0x7fffu) > 0x7c00u ? u2f(0x7fffffffu) : Float16::load(h);
+}
+inline uint16_t float_to_half_rn(float f) {
+  return (f2u(f) & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fff} : Float16::store(f);
 }
 }  // namespace mxops::gpu::port

@@ -156,6 +156,30 @@ __device__ __forceinline__ void lane_sub_max(const int (&key)[V], const QdqArgs&
   }
 }
 
+// The storage type's conversions as the kernels use them. float16 takes the hardware's
+// conversions (one instruction each way where Float16's integer code takes a dozen; both
+// round correctly) for every value but NaN, whose payload the hardware does not keep: a NaN
+// gets Float16's bits. Every other storage type is the numeric core's Loader itself.
+template <class Ld>
+struct DeviceLoader : Ld {};
+
+template <bool Bf16First>
+struct DeviceLoader<Loader<Float16, Bf16First>> {
+  using T = uint16_t;
+  __device__ __forceinline__ static float load(uint16_t h) {
+    const uint32_t hu = h;
+    const uint32_t nan = ((hu & 0x8000u) << 16) | 0x7f800000u | ((hu & 0x3ffu) << 13);
+    const float f = (hu & 0x7fffu) > 0x7c00u ? u2f(nan) : port::half_to_float(h);
+    return Bf16First ? bf16_round_bits(f) : f;
+  }
+  __device__ __forceinline__ static uint16_t store(float f) {
+    const uint32_t u = f2u(f);
+    const uint32_t a = u & 0x7fffffffu;
+    const uint32_t nan = ((u >> 16) & 0x8000u) | 0x7e00u | ((a >> 13) & 0x3ffu);
+    return a > 0x7f800000u ? static_cast<uint16_t>(nan) : port::float_to_half_rn(f);
+  }
+};
+
 // ------------------------------------------------------------------------------------------
 // inner == 1, block held in registers: G lanes x V elements per block, U blocks per lane.
 // ------------------------------------------------------------------------------------------
@@ -352,7 +376,21 @@ strided_kernel(QdqArgs a, Policy pol) {
     locate_block(a, b, start, n);
     const int64_t base = start * stride + col;
 
-    if constexpr (R > 0) {
+    if constexpr (R > 16 && !Policy::kSubBlocks) {
+      // Long blocks without sub-blocks: the maximum in one pass, the rounding in a second
+      // that reads the column again (from L1 / L2), so the block's values need no registers:
+      // held, they cost occupancy (and spills) that the second read costs less than.
+      const T* __restrict__ xc = x + base;
+      T* __restrict__ yc = y + base;
+      int s = 0;
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        if (j < n) s = imax(s, pol.key(Ld::load(xc[j * stride])));
+      const auto prm = pol.params(s, 0);
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        if (j < n) yc[j * stride] = Ld::store(pol.apply(Ld::load(xc[j * stride]), prm));
+    } else if constexpr (R > 0) {
       float v[R];
       int key[R];
       int s = 0;
@@ -503,17 +541,18 @@ struct QdqLauncher {
   void run(const Policy& pol) const {
     if constexpr (std::is_same_v<typename LoaderIO<Ld>::type, IO>) {
       using T = typename Ld::T;
+      using DLd = DeviceLoader<Ld>;
       constexpr int kVec = 16 / static_cast<int>(sizeof(T));
       const QdqArgs& a = args;
       if (a.inner == 1) {
         const bool aligned = (reinterpret_cast<uintptr_t>(a.x) % 16 == 0) &&
                              (reinterpret_cast<uintptr_t>(a.y) % 16 == 0);
         if (aligned && a.block_size % kVec == 0 && a.length % kVec == 0 &&
-            try_contiguous<Ld, Policy, kVec>(a, pol, stream))
+            try_contiguous<DLd, Policy, kVec>(a, pol, stream))
           return;
-        if (try_contiguous<Ld, Policy, 1>(a, pol, stream)) return;
+        if (try_contiguous<DLd, Policy, 1>(a, pol, stream)) return;
       }
-      launch_strided<Ld, Policy>(a, pol, stream);
+      launch_strided<DLd, Policy>(a, pol, stream);
     }
   }
 };

@@ -8,6 +8,9 @@
 // wavefront size of every target is a multiple of 32.
 #pragma once
 
+#include <cstdint>
+
+#include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
 
 #if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE)
@@ -38,6 +41,12 @@ __device__ __forceinline__ int shfl_up(int v, int delta, int width) {
 }
 __device__ __forceinline__ int shfl(int v, int src_lane, int width) {
   return __shfl(v, src_lane, width);
+}
+
+// The hardware's float16 conversions (correctly rounded; a NaN comes out canonical).
+__device__ __forceinline__ float half_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ uint16_t float_to_half_rn(float f) {
+  return __half_as_ushort(__float2half_rn(f));
 }
 
 }  // namespace mxops::gpu::port
