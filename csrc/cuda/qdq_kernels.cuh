@@ -180,6 +180,81 @@ struct DeviceLoader<Loader<Float16, Bf16First>> {
   }
 };
 
+// The numeric core's cheaper exact forms (numerics.h; the CPU walker takes the same ones),
+// chosen per block where its maximum allows them (almost every block of real data): the same
+// bits in about half the instructions. FastPolicy<Policy, Form> is Policy with Form's
+// ok(s) / params(s, sub) / apply(x, p) taken where ok(s) holds; the flag is uniform per block,
+// so lanes of one block never diverge on it.
+template <class Policy, class Form>
+struct FastPolicy : Policy {
+  struct Params {
+    typename Policy::Params slow;
+    typename Form::Params fast;
+    bool is_fast;
+  };
+  Form form;
+  __device__ __forceinline__ Params params(int s, int sub) const {
+    Params p{};
+    p.is_fast = form.ok(s);
+    if (p.is_fast) p.fast = form.params(s, sub);
+    else p.slow = Policy::params(s, sub);
+    return p;
+  }
+  __device__ __forceinline__ float apply(float x, const Params& p) const {
+    return p.is_fast ? form.apply(x, p.fast) : Policy::apply(x, p.slow);
+  }
+};
+
+// to_bfp, nearest-even, m <= 21: x rounded in place (bfp_direct_params).
+struct BfpDirectForm {
+  using Params = DirectRound<float>;
+  int m;
+  __device__ __forceinline__ bool ok(int s) const { return bfp_direct_block(s, m); }
+  __device__ __forceinline__ Params params(int s, int) const { return bfp_direct_params(s, m); }
+  __device__ __forceinline__ float apply(float x, const Params& p) const {
+    return direct_round_element(x, p);
+  }
+};
+
+// to_bfp_prime, nearest-even: each sub-block by one addition (bfp_prime_addition_params).
+struct PrimeAdditionForm {
+  using Params = BfpPrimeParams<float>;
+  int m, shift_bits;
+  __device__ __forceinline__ bool ok(int s) const { return bfp_prime_addition_block(s, m); }
+  __device__ __forceinline__ Params params(int s, int sub) const {
+    return bfp_prime_addition_params(bfp_prime_exponent(s, sub, shift_bits), m);
+  }
+  __device__ __forceinline__ float apply(float x, const Params& p) const {
+    return bfp_prime_element_by_addition(x, p);
+  }
+};
+
+// MX floating elements, any rounding mode (they always round to nearest even).
+struct MxFloatDirectForm {
+  using Params = MxDirectSigned<float>;
+  MxElement element;
+  __device__ __forceinline__ bool ok(int s) const { return mx_direct_block(s, element); }
+  __device__ __forceinline__ Params params(int s, int) const {
+    return mx_direct_signed_params(s, element);
+  }
+  __device__ __forceinline__ float apply(float x, const Params& p) const {
+    return mx_float_element_direct_signed(x, p, element);
+  }
+};
+
+// MX int8 elements, nearest-even: x rounded in place (mx_int_direct_params).
+struct MxIntDirectForm {
+  using Params = DirectRound<float>;
+  MxElement element;
+  __device__ __forceinline__ bool ok(int s) const { return mx_int_direct_block(s, element); }
+  __device__ __forceinline__ Params params(int s, int) const {
+    return mx_int_direct_params(s, element);
+  }
+  __device__ __forceinline__ float apply(float x, const Params& p) const {
+    return direct_round_element(x, p);
+  }
+};
+
 // ------------------------------------------------------------------------------------------
 // inner == 1, block held in registers: G lanes x V elements per block, U blocks per lane.
 // ------------------------------------------------------------------------------------------
@@ -376,21 +451,7 @@ strided_kernel(QdqArgs a, Policy pol) {
     locate_block(a, b, start, n);
     const int64_t base = start * stride + col;
 
-    if constexpr (R > 16 && !Policy::kSubBlocks) {
-      // Long blocks without sub-blocks: the maximum in one pass, the rounding in a second
-      // that reads the column again (from L1 / L2), so the block's values need no registers:
-      // held, they cost occupancy (and spills) that the second read costs less than.
-      const T* __restrict__ xc = x + base;
-      T* __restrict__ yc = y + base;
-      int s = 0;
-#pragma unroll
-      for (int j = 0; j < R; ++j)
-        if (j < n) s = imax(s, pol.key(Ld::load(xc[j * stride])));
-      const auto prm = pol.params(s, 0);
-#pragma unroll
-      for (int j = 0; j < R; ++j)
-        if (j < n) yc[j * stride] = Ld::store(pol.apply(Ld::load(xc[j * stride]), prm));
-    } else if constexpr (R > 0) {
+    if constexpr (R > 0) {
       float v[R];
       int key[R];
       int s = 0;
@@ -537,8 +598,33 @@ struct QdqLauncher {
   QdqArgs args;
   cudaStream_t stream;
 
+  // Each policy with its fast form where it has one (FastPolicy), then launch().
+  template <class Ld, int Mode>
+  void run(const ToBfpPolicy<Mode>& pol) const {
+    if constexpr (Mode == kHalfEven) {
+      if (pol.m <= 21) return launch<Ld>(FastPolicy<ToBfpPolicy<Mode>, BfpDirectForm>{pol, {pol.m}});
+    }
+    launch<Ld>(pol);
+  }
+  template <class Ld, int Mode>
+  void run(const ToBfpPrimePolicy<Mode>& pol) const {
+    if constexpr (Mode == kHalfEven) {
+      launch<Ld>(FastPolicy<ToBfpPrimePolicy<Mode>, PrimeAdditionForm>{pol, {pol.m, pol.shift_bits}});
+    } else {
+      launch<Ld>(pol);
+    }
+  }
+  template <class Ld, int Mode>
+  void run(const MxPolicy<Mode>& pol) const {
+    if (!pol.element.is_int) return launch<Ld>(FastPolicy<MxPolicy<Mode>, MxFloatDirectForm>{pol, {pol.element}});
+    if constexpr (Mode == kHalfEven) {
+      return launch<Ld>(FastPolicy<MxPolicy<Mode>, MxIntDirectForm>{pol, {pol.element}});
+    }
+    launch<Ld>(pol);
+  }
+
   template <class Ld, class Policy>
-  void run(const Policy& pol) const {
+  void launch(const Policy& pol) const {
     if constexpr (std::is_same_v<typename LoaderIO<Ld>::type, IO>) {
       using T = typename Ld::T;
       using DLd = DeviceLoader<Ld>;
