@@ -205,12 +205,19 @@ struct FastPolicy : Policy {
   }
 };
 
-// to_bfp, nearest-even, m <= 21: x rounded in place (bfp_direct_params).
-struct BfpDirectForm {
+// x rounded in place (DirectRound, nearest-even): to_bfp's with m <= 21 (bfp_direct_params),
+// or the MX int8 element's (kMxInt: mx_int_direct_params).
+template <bool kMxInt>
+struct DirectRoundForm {
   using Params = DirectRound<float>;
-  int m;
-  __device__ __forceinline__ bool ok(int s) const { return bfp_direct_block(s, m); }
-  __device__ __forceinline__ Params params(int s, int) const { return bfp_direct_params(s, m); }
+  int m;              // to_bfp's mantissa bits
+  MxElement element;  // the int8 element
+  __device__ __forceinline__ bool ok(int s) const {
+    return kMxInt ? mx_int_direct_block(s, element) : bfp_direct_block(s, m);
+  }
+  __device__ __forceinline__ Params params(int s, int) const {
+    return kMxInt ? mx_int_direct_params(s, element) : bfp_direct_params(s, m);
+  }
   __device__ __forceinline__ float apply(float x, const Params& p) const {
     return direct_round_element(x, p);
   }
@@ -239,19 +246,6 @@ struct MxFloatDirectForm {
   }
   __device__ __forceinline__ float apply(float x, const Params& p) const {
     return mx_float_element_direct_signed(x, p, element);
-  }
-};
-
-// MX int8 elements, nearest-even: x rounded in place (mx_int_direct_params).
-struct MxIntDirectForm {
-  using Params = DirectRound<float>;
-  MxElement element;
-  __device__ __forceinline__ bool ok(int s) const { return mx_int_direct_block(s, element); }
-  __device__ __forceinline__ Params params(int s, int) const {
-    return mx_int_direct_params(s, element);
-  }
-  __device__ __forceinline__ float apply(float x, const Params& p) const {
-    return direct_round_element(x, p);
   }
 };
 
@@ -602,23 +596,26 @@ struct QdqLauncher {
   template <class Ld, int Mode>
   void run(const ToBfpPolicy<Mode>& pol) const {
     if constexpr (Mode == kHalfEven) {
-      if (pol.m <= 21) return launch<Ld>(FastPolicy<ToBfpPolicy<Mode>, BfpDirectForm>{pol, {pol.m}});
+      if (pol.m <= 21)
+        return launch<Ld>(FastPolicy<ToBfpPolicy<Mode>, DirectRoundForm<false>>{pol, {pol.m, {}}});
     }
     launch<Ld>(pol);
   }
   template <class Ld, int Mode>
   void run(const ToBfpPrimePolicy<Mode>& pol) const {
     if constexpr (Mode == kHalfEven) {
-      launch<Ld>(FastPolicy<ToBfpPrimePolicy<Mode>, PrimeAdditionForm>{pol, {pol.m, pol.shift_bits}});
+      launch<Ld>(FastPolicy<ToBfpPrimePolicy<Mode>, PrimeAdditionForm>{pol,
+                                                                       {pol.m, pol.shift_bits}});
     } else {
       launch<Ld>(pol);
     }
   }
   template <class Ld, int Mode>
   void run(const MxPolicy<Mode>& pol) const {
-    if (!pol.element.is_int) return launch<Ld>(FastPolicy<MxPolicy<Mode>, MxFloatDirectForm>{pol, {pol.element}});
+    if (!pol.element.is_int)
+      return launch<Ld>(FastPolicy<MxPolicy<Mode>, MxFloatDirectForm>{pol, {pol.element}});
     if constexpr (Mode == kHalfEven) {
-      return launch<Ld>(FastPolicy<MxPolicy<Mode>, MxIntDirectForm>{pol, {pol.element}});
+      return launch<Ld>(FastPolicy<MxPolicy<Mode>, DirectRoundForm<true>>{pol, {0, pol.element}});
     }
     launch<Ld>(pol);
   }

@@ -44,7 +44,9 @@ __device__ __forceinline__ int shfl(int v, int src_lane, int width) {
 }
 
 // The hardware's float16 conversions (correctly rounded; a NaN comes out canonical).
-__device__ __forceinline__ float half_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float half_to_float(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
 __device__ __forceinline__ uint16_t float_to_half_rn(float f) {
   return __half_as_ushort(__float2half_rn(f));
 }
