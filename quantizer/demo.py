@@ -80,21 +80,28 @@ class Row:
     notes: list[str] = field(default_factory=list)
 
 
-def _session(path: str, threads: int, custom_ops: bool):
+CPU_EP = "CPUExecutionProvider"
+
+
+def _session(path: str, threads: int, custom_ops: bool, ep: str = CPU_EP):
+    """A session on ``ep`` (a GPU provider keeps the CPU provider behind it), with our library
+    for that provider's device registered where the model needs it."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
     if custom_ops:
         import ort_mx_ops
-        ort_mx_ops.register(so)
-    return ort.InferenceSession(path, sess_options=so, providers=["CPUExecutionProvider"])
+        ort_mx_ops.register(so, {"CUDAExecutionProvider": "CUDA",
+                                 "ROCMExecutionProvider": "ROCM"}.get(ep, "CPU"))
+    providers = [ep] if ep == CPU_EP else [ep, CPU_EP]
+    return ort.InferenceSession(path, sess_options=so, providers=providers)
 
 
 def _run_all(path: str, feeds: list[dict[str, np.ndarray]], threads: int, custom_ops: bool,
-             label: str, progress: bool) -> list[np.ndarray]:
+             label: str, progress: bool, ep: str = CPU_EP) -> list[np.ndarray]:
     """First output of ``path`` for every feed."""
-    sess = _session(path, threads, custom_ops)
+    sess = _session(path, threads, custom_ops, ep)
     outs = []
     bar = ProgressBar(f"  {label:<22}", len(feeds), enabled=progress)
     for feed in feeds:
@@ -105,14 +112,14 @@ def _run_all(path: str, feeds: list[dict[str, np.ndarray]], threads: int, custom
 
 
 def time_interleaved(models: list[tuple[str, bool]], feeds: list[dict[str, np.ndarray]],
-                     threads: int, rounds: int) -> list[tuple[float, float]]:
+                     threads: int, rounds: int, ep: str = CPU_EP) -> list[tuple[float, float]]:
     """Batch-1 latency of each model, timed interleaved so that every model sees the same
     machine load: ``rounds`` times, each feed runs once on every model in turn.  ``models``
     is ``(path, needs_custom_ops)`` with the reference model first.  Returns, per model, the
     median latency of one run (ms) and the median over feeds and rounds of its time divided
     by the reference's time on the same feed in the same round (a paired ratio, steadier
     than a ratio of medians on a shared machine)."""
-    sessions = [_session(path, threads, custom) for path, custom in models]
+    sessions = [_session(path, threads, custom, ep) for path, custom in models]
     for sess in sessions:
         sess.run(None, feeds[0])  # warm-up: first-run allocations do not count
     times: list[list[float]] = [[] for _ in models]
@@ -272,6 +279,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--calib-data", help="generic mode: .npz of calibration inputs for --rows")
     p.add_argument("--ff", action="append", default=[], metavar="KEY=VALUE",
                    help="fast finetune option for the adaquant rows (as ort-mx-quantize --ff)")
+    p.add_argument("--ep", default="CPU",
+                   help="execution provider to run and time the models on: CPU, CUDA or ROCM "
+                        "(default CPU); on a GPU provider every model also runs on the CPU "
+                        "and a column gives how often the two agree")
     p.add_argument("--threads", type=int, default=0,
                    help="onnxruntime intra-op threads (default: onnxruntime's choice)")
     p.add_argument("--timing-lines", type=int, default=20,
@@ -338,6 +349,10 @@ def _calibration(args: argparse.Namespace, model_path: str, task: Any,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the demo; prints the table and writes ``<out-dir>/demo.md`` and ``demo.json``."""
     args = parse_args(argv)
+    ep = CPU_EP
+    if args.ep.upper() not in ("CPU", CPU_EP.upper()):
+        from ort_mx_ops.benchmarks.model_bench import resolve_ep
+        ep = resolve_ep(args.ep)
     t_start = time.perf_counter()
     model_path = args.model or find_rapidocr_recognizer()
     configs = args.configs or config_names()
@@ -369,9 +384,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ort-mx-demo-") as tmp:
         work = model_dir or tmp
         os.makedirs(work, exist_ok=True)
-        ref = _run_all(model_path, task.feeds, args.threads, False, "float", progress)
+        ref = _run_all(model_path, task.feeds, args.threads, False, "float", progress, ep)
         rows = [Row("float32", "-", os.path.getsize(model_path) / 1e6, None,
                     task.metrics(ref, None))]
+        columns = list(task.columns)
+        agree_key = "same_text_as_float" if isinstance(task, OcrTask) else "top1_agreement"
+        if ep != CPU_EP:  # the same model on the CPU: how often the outputs agree
+            columns.append(("vs_cpu", "same text as CPU" if isinstance(task, OcrTask)
+                            else "top-1 = CPU"))
+
+        def vs_cpu(path: str, outs: list[np.ndarray], custom: bool, label: str) -> dict:
+            if ep == CPU_EP:
+                return {}
+            cpu = _run_all(path, task.feeds, args.threads, custom, f"{label} (CPU)", progress)
+            return {"vs_cpu": task.metrics(outs, cpu)[agree_key]}
+
+        rows[0].metrics.update(vs_cpu(model_path, ref, False, "float"))
         rows[0].metrics.update({k: 1.0 for k in ("same_text_as_float", "frame_agreement",
                                                  "cosine_to_float", "top1_agreement")
                                 if any(k == c for c, _ in task.columns)})
@@ -383,10 +411,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             reader = _ListReader(calib) if calib else None
             summary = quantize_model(model_path, out, name, reader, progress=progress, **opts)
             outs = _run_all(out, task.feeds, args.threads, True, f"{label} ({placement})",
-                            progress)
+                            progress, ep)
             _, packed = summary.packed_weight_bytes()
             rows.append(Row(label, placement, summary.output_bytes / 1e6, packed / 1e6,
-                            task.metrics(outs, ref), None, None, summary.seconds,
+                            {**task.metrics(outs, ref), **vs_cpu(out, outs, True, label)},
+                            None, None, summary.seconds,
                             summary.runtime_node_count(), summary.conflicts + summary.skipped))
             timed.append((out, True))
         if args.timing_rounds > 0:
@@ -395,15 +424,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       f"round(s) of {min(len(task.feeds), args.timing_lines)} inputs",
                       file=sys.stderr)
             latencies = time_interleaved(timed, task.feeds[:args.timing_lines], args.threads,
-                                         args.timing_rounds)
+                                         args.timing_rounds, ep)
             for row, (ms, ratio) in zip(rows, latencies):
                 row.latency_ms, row.latency_vs_float = ms, ratio
-    table = render_table(rows, task.columns)
+    table = render_table(rows, columns)
     text = _plain(table)
     print(text)
     header = (f"# ort-mx-ops quantization demo\n\nmodel: `{os.path.basename(model_path)}`; "
               f"data: {task.description}; latency: median of one-input runs (batch 1) on "
-              f"CPUExecutionProvider, all models timed interleaved, 'x float' the median of "
+              f"{ep}, all models timed interleaved, 'x float' the median of "
               f"paired ratios to the float model's run on the same input; 'weights packed MB' is what the quantized weights take in "
               f"their format with shared scales (the .onnx stores them dequantized, in "
               f"float32).\n\n")

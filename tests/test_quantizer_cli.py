@@ -6,6 +6,7 @@ import json
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 import ort_mx_ops
 from ort_mx_ops.quantizer import cli, demo
@@ -244,3 +245,21 @@ def test_cli_corrupt_model_in_a_real_process(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("ort-mx-quantize: error: input model ")
+
+
+def test_demo_execution_provider_option(tmp_path):
+    """--ep: CPU by name gives the plain table; a provider this onnxruntime lacks is refused
+    with the reason, before any work."""
+    src = tmp_path / "f.onnx"
+    onnx.save(conv_model(), str(src))
+    out_dir = tmp_path / "res"
+    rc = demo.main(["--model", str(src), "--configs", "MXINT8", "--samples", "2", "--ep", "cpu",
+                    "--timing-rounds", "0", "--out-dir", str(out_dir), "--quiet"])
+    assert rc == 0
+    table = json.loads((out_dir / "demo.json").read_text())["rows"]
+    assert all("vs_cpu" not in r["metrics"] for r in table)
+    assert "CPUExecutionProvider" in (out_dir / "demo.md").read_text()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(SystemExit, match="CUDAExecutionProvider is not in this onnxruntime"):
+            demo.main(["--model", str(src), "--ep", "CUDA", "--out-dir", str(tmp_path / "x")])
+        assert not (tmp_path / "x").exists()
