@@ -274,17 +274,25 @@ def _interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.
     return cold, warm
 
 
+def _max_abs_diff(ref: list[np.ndarray], out: list[np.ndarray]) -> float:
+    """The largest |out - ref| over all outputs, where both are finite (0.0 where none is)."""
+    diff = 0.0
+    for a, b in zip(ref, out):
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        both = np.isfinite(a64) & np.isfinite(b64)
+        if both.any():
+            diff = max(diff, float(np.max(np.abs(a64[both] - b64[both]))))
+    return diff
+
+
 def _compare(ref: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
     """The largest difference of ``out`` from ``ref`` where both are finite, and whether they
     are finite in the same places."""
-    diffs, finite_ok = [], True
-    for a, b in zip(ref, out):
-        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        finite_ok &= bool(np.array_equal(np.isfinite(a64), np.isfinite(b64)))
-        both = np.isfinite(a64) & np.isfinite(b64)
-        diffs.append(float(np.max(np.abs(a64[both] - b64[both]))) if both.any() else 0.0)
-    return {"max_abs_diff_vs_float": max(diffs) if diffs else 0.0,
-            "finite_where_float_is": finite_ok}
+    finite_ok = all(np.array_equal(np.isfinite(np.asarray(a, np.float64)),
+                                   np.isfinite(np.asarray(b, np.float64)))
+                    for a, b in zip(ref, out))
+    return {"max_abs_diff_vs_float": _max_abs_diff(ref, out),
+            "finite_where_float_is": bool(finite_ok)}
 
 
 def compare_to_cpu(cpu: list[np.ndarray], out: list[np.ndarray]) -> dict[str, Any]:
@@ -295,16 +303,13 @@ def compare_to_cpu(cpu: list[np.ndarray], out: list[np.ndarray]) -> dict[str, An
     same_bits = all(np.array_equal(np.ascontiguousarray(a).view(np.uint8),
                                    np.ascontiguousarray(b).view(np.uint8))
                     for a, b in zip(cpu, out))
-    agree, positions, diff = 0, 0, 0.0
+    agree, positions = 0, 0
     for a, b in zip(cpu, out):
-        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        both = np.isfinite(a64) & np.isfinite(b64)
-        if both.any():
-            diff = max(diff, float(np.max(np.abs(a64[both] - b64[both]))))
-        if a64.ndim >= 1 and a64.size and np.issubdtype(np.asarray(a).dtype, np.floating):
-            agree += int(np.sum(np.argmax(a64, axis=-1) == np.argmax(b64, axis=-1)))
-            positions += a64.size // a64.shape[-1]
-    return {"bit_identical_to_cpu": same_bits, "max_abs_diff_vs_cpu": diff,
+        a, b = np.asarray(a), np.asarray(b)
+        if a.ndim >= 1 and a.size and np.issubdtype(a.dtype, np.floating):
+            agree += int(np.sum(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
+            positions += a.size // a.shape[-1]
+    return {"bit_identical_to_cpu": same_bits, "max_abs_diff_vs_cpu": _max_abs_diff(cpu, out),
             "argmax_agreement_vs_cpu": agree / positions if positions else None}
 
 

@@ -92,8 +92,8 @@ def _session(path: str, threads: int, custom_ops: bool, ep: str = CPU_EP):
         so.intra_op_num_threads = threads
     if custom_ops:
         import ort_mx_ops
-        ort_mx_ops.register(so, {"CUDAExecutionProvider": "CUDA",
-                                 "ROCMExecutionProvider": "ROCM"}.get(ep, "CPU"))
+        from ort_mx_ops.benchmarks.harness import EP_DEVICE
+        ort_mx_ops.register(so, EP_DEVICE[ep][0])
     # The rendered lines differ in width: cuDNN's default exhaustive algorithm search would
     # run again for every new input shape, so the CUDA provider takes its heuristic choice.
     gpu = (ep, {"cudnn_conv_algo_search": "HEURISTIC"}) if ep == "CUDAExecutionProvider" else ep
@@ -352,10 +352,8 @@ def _calibration(args: argparse.Namespace, model_path: str, task: Any,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the demo; prints the table and writes ``<out-dir>/demo.md`` and ``demo.json``."""
     args = parse_args(argv)
-    ep = CPU_EP
-    if args.ep.upper() not in ("CPU", CPU_EP.upper()):
-        from ort_mx_ops.benchmarks.model_bench import resolve_ep
-        ep = resolve_ep(args.ep)
+    from ort_mx_ops.benchmarks.model_bench import resolve_ep
+    ep = resolve_ep(args.ep)
     t_start = time.perf_counter()
     model_path = args.model or find_rapidocr_recognizer()
     configs = args.configs or config_names()
