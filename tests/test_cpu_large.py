@@ -45,19 +45,31 @@ def test_large_tensor_matches_native(config, axis):
                            want.ravel()[bad[:5]])
 
 
-# Blocked axis outer, float32 outputs of 16 MiB and more: the SIMD walker stores them
-# non-temporally (csrc/cpu/block_walker.h, kStreamBytes), and the microexponent formats
-# reorder their stores for it. The scalar path never streams: both must give the same bits,
-# also where the last tile has an odd number of vectors (4104 columns) and the last block
-# is partial (2047 rows).
-@pytest.mark.parametrize("shape", [SHAPE, (2047, 4104)])
+# Blocked axis outer, float32 outputs of 16 MiB and more: the SIMD walkers store them
+# non-temporally (csrc/cpu/block_walker.h, kStreamBytes; AVX-512 as it computes, AVX2 in
+# row pairs), full tiles with their vector count fixed at compile time, and the
+# microexponent formats reorder their stores for it. The scalar path never streams: both
+# must give the same bits, also where the last tile has an odd number of vectors (4104
+# columns), the last block is partial (2047 rows) and the input starts 16 bytes past a
+# cache line (numpy's own placement; the tile prefetch then covers one line more per row).
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("shape,offset", [(SHAPE, 0), ((2047, 4104), 4)])
 @pytest.mark.parametrize("config,extra", [
     ("MX9", {}), ("MX4", {}), ("MX9", {"rounding_mode": 0}), ("BFP16", {}),
     ("MXINT8", {}), ("MXFP8E4M3", {})])
-def test_streamed_outer_axis_matches_scalar_path(config, extra, shape, monkeypatch):
+def test_streamed_outer_axis_matches_scalar_path(config, extra, shape, offset, isa, monkeypatch):
+    monkeypatch.setenv("MXOPS_CPU_ISA", isa)
+    if native.cpu_isa() != isa:
+        pytest.skip(f"this processor cannot run the {isa} path (it runs {native.cpu_isa()})")
     spec = CONFIGS[config]
     attrs = {**spec.attrs, **extra}
-    x = _values(np.random.default_rng(7), shape)
+    values = _values(np.random.default_rng(7), shape).ravel()
+    # the input `offset` floats past a 64-byte boundary (onnxruntime reads numpy's memory)
+    buf = np.empty(values.size + 32, np.float32)
+    start = (-(buf.ctypes.data // 4) % 16) + offset
+    x = buf[start:start + values.size].reshape(shape)
+    x[...] = values.reshape(shape)
+    assert x.ctypes.data % 64 == offset * 4
     so = ort.SessionOptions()
     so.register_custom_ops_library(ort_mx_ops.get_library_path("CPU"))
     so.log_severity_level = 3
@@ -70,6 +82,7 @@ def test_streamed_outer_axis_matches_scalar_path(config, extra, shape, monkeypat
     model.ir_version = 8
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     got = sess.run(None, {"X": x})[0]
+    assert native.cpu_isa() == isa
     fn = native.bfp_quantize_dequantize if spec.op == "BFP" else native.mx_quantize_dequantize
     monkeypatch.setenv("MXOPS_CPU_ISA", "scalar")
     want = fn(x, threads=2, axis=0, **attrs)
