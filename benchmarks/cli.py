@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true",
                    help="smoke sweep: 4Ki and 16Ki elements, float32, few repeats")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: ORT default)")
+    p.add_argument("--thread-pool", choices=harness.THREAD_POOLS, default="shared",
+                   help="shared (default): every session on one intra-op pool (onnxruntime's "
+                        "global pool), so no session's idle workers spin against another's "
+                        "run; session: a pool per session (onnxruntime's default)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per variant, at least")
     p.add_argument("--max-repeats", type=int, default=30)
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     opts = harness.Options(
         eps=_resolve_eps(args.ep), configs=configs, dtypes=dtypes, layouts=layouts, sizes=sizes,
-        threads=args.threads, warmup=warmup, min_repeats=repeats, max_repeats=max_repeats,
+        threads=args.threads, thread_pool=args.thread_pool, warmup=warmup, min_repeats=repeats, max_repeats=max_repeats,
         min_time=min_time, standard=not args.no_standard,
         standard_max_size=parse_size(args.standard_max_size),
         other_library=args.other_library, log=log)

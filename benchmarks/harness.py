@@ -47,6 +47,7 @@ class Options:
     layouts: list[str]
     sizes: list[int]
     threads: int = 0            # ORT intra-op threads; 0: ORT's default
+    thread_pool: str = "shared"  # "shared": one intra-op pool for every session; "session"
     warmup: int = 2
     min_repeats: int = 5
     max_repeats: int = 30
@@ -195,8 +196,7 @@ class Variant:
     def __init__(self, kind: str, config: str | None, model: bytes, point: Point, opts: Options,
                  library: str | None):
         self.kind, self.config, self.point = kind, config, point
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = opts.threads
+        so = session_options(opts.threads, opts.thread_pool)
         so.log_severity_level = 3
         if library:
             so.register_custom_ops_library(library)
@@ -227,6 +227,51 @@ class NumpyCopy:
         t0 = time.perf_counter()
         np.copyto(self.dst, self.src)
         return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads
+# ---------------------------------------------------------------------------------------------
+
+THREAD_POOLS = ("shared", "session")
+_shared_pool_threads: int | None = None
+
+
+def use_shared_pool(threads: int) -> None:
+    """Gives this process onnxruntime's global intra-op thread pool of ``threads`` threads
+    (0: onnxruntime's default), which sessions made with :func:`session_options` share.
+
+    Why: every variant of a point has its own session, and with a pool per session each
+    session's idle workers keep spinning for a while after its run, on the cores where the
+    next variant's threads run. On the 2-core development machine that made two intra-op
+    threads slower than one for every variant, ``Neg`` included (16 Mi elements: 12.0 ms
+    with per-session pools, 3.4 ms shared, 4.3 ms on one thread). One shared pool is also how
+    a process serving several models runs. onnxruntime sizes the global pool once per
+    process, so asking for another size later is an error."""
+    global _shared_pool_threads
+    if _shared_pool_threads is None:
+        ort.set_global_thread_pool_sizes(threads, 1)
+        _shared_pool_threads = threads
+    elif _shared_pool_threads != threads:
+        raise ValueError(f"this process's shared onnxruntime thread pool has "
+                         f"{_shared_pool_threads or 'the default number of'} thread(s); "
+                         f"{threads or 'the default'} need another process (or thread_pool="
+                         f"'session')")
+
+
+def session_options(threads: int, thread_pool: str = "session") -> ort.SessionOptions:
+    """Session options with ``threads`` intra-op threads (0: onnxruntime's default): the
+    process's shared pool (``thread_pool="shared"``; one thread needs no pool, so it stays a
+    session's own) or a pool of the session's own."""
+    if thread_pool not in THREAD_POOLS:
+        raise ValueError(f"thread_pool {thread_pool!r}: one of {', '.join(THREAD_POOLS)}")
+    so = ort.SessionOptions()
+    if thread_pool == "shared" and threads != 1:
+        use_shared_pool(threads)
+        so.use_per_session_threads = False
+    else:
+        so.intra_op_num_threads = threads
+    return so
 
 
 # ---------------------------------------------------------------------------------------------

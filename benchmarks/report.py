@@ -63,7 +63,10 @@ def markdown(doc: dict) -> str:
     out.append(f"- onnxruntime {v['onnxruntime']}, onnx {v['onnx']}, numpy {v['numpy']}, "
                f"ort_mx_ops {v['ort_mx_ops']}, Python {m['python']}; {m['time']}")
     o = doc["options"]
-    out.append(f"- intra-op threads: {o['threads'] or 'onnxruntime default'}; "
+    pool = o.get("thread_pool", "session")
+    pool_text = ("one pool per session" if pool == "session" or o["threads"] == 1 else
+                 "one pool shared by every session")
+    out.append(f"- intra-op threads: {o['threads'] or 'onnxruntime default'} ({pool_text}); "
                f"{runs_phrase(o['min_repeats'], o['max_repeats'], o['warmup'])}; GB/s counts "
                "bytes read + written; ×Neg / ×copy = the reference's "
                "median time / this one's, measured in the same rounds; (best): the same from "

@@ -165,3 +165,49 @@ def test_nchwc_layout_sweep(tmp_path):
     assert not any(r["kind"] == "standard" for r in doc["results"])
     md = (tmp_path / "results.md").read_text()
     assert "| MXINT8 | nchwc |" in md
+
+
+def test_tiny_sweep_records_the_thread_pool(tiny_run):
+    doc = json.loads((tiny_run / "results.json").read_text())
+    assert doc["options"]["thread_pool"] == "shared"
+    assert "one pool shared by every session" in (tiny_run / "results.md").read_text()
+
+
+def test_thread_pool_choice():
+    """A shared pool is onnxruntime's global one, sized once per process (run in a child
+    process: this one's sessions must keep their own pools); one thread needs none."""
+    code = """
+import numpy as np, onnxruntime as ort
+from ort_mx_ops.benchmarks import graphs, harness
+so = harness.session_options(2, "shared")
+assert so.use_per_session_threads is False
+x = np.linspace(-3, 3, 64 * 64, dtype=np.float32).reshape(64, 64)
+sess = ort.InferenceSession(graphs.reference_model("neg", (64, 64), "float32"), so,
+                            providers=["CPUExecutionProvider"])
+assert np.array_equal(sess.run(None, {"X": x})[0], -x)
+own = harness.session_options(1, "shared")
+assert own.use_per_session_threads is True and own.intra_op_num_threads == 1
+assert harness.session_options(3, "session").intra_op_num_threads == 3
+try:
+    harness.session_options(3, "shared")
+except ValueError as e:
+    assert "2 thread(s)" in str(e), e
+else:
+    raise AssertionError("a second size of the shared pool was accepted")
+try:
+    harness.session_options(2, "global")
+except ValueError as e:
+    assert "shared, session" in str(e), e
+else:
+    raise AssertionError("an unknown thread pool was accepted")
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_thread_pool_option():
+    assert build_parser().parse_args([]).thread_pool == "shared"
+    assert build_parser().parse_args(["--thread-pool", "session"]).thread_pool == "session"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--thread-pool", "global"])
