@@ -43,6 +43,7 @@ import onnxruntime as ort
 
 import ort_mx_ops
 from ort_mx_ops.benchmarks.graphs import BF16_FUSED
+from ort_mx_ops.benchmarks import harness
 from ort_mx_ops.benchmarks.harness import EP_DEVICE, machine_info
 from ort_mx_ops.formats import CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
@@ -62,6 +63,7 @@ class ModelOptions:
     shapes: dict[str, list[int]] = field(default_factory=dict)  # --shape overrides
     seq_len: int = 128           # free non-batch axes of integer (token) inputs
     threads: int = 1             # intra-op threads; 0: onnxruntime's default
+    thread_pool: str = "shared"  # several threads: one pool for every session (harness.session_options)
     warmup: int = 3
     rounds: int = 40             # interleaved timed rounds, at least
     warm_runs: int = 4           # runs per turn after the first (cold) one; 0: none
@@ -127,12 +129,14 @@ def make_feeds(model: onnx.ModelProto, opts: ModelOptions, seed: int = 0) -> dic
 # ---------------------------------------------------------------------------------------------
 
 def _session(path: str, threads: int, profile_prefix: Optional[str] = None,
-             optimization: Optional[str] = None, ep: str = CPU_EP) -> ort.InferenceSession:
+             optimization: Optional[str] = None, ep: str = CPU_EP,
+             thread_pool: str = "shared") -> ort.InferenceSession:
     """A session on ``ep`` with our library for that provider's device registered; a GPU
-    provider keeps the CPU provider behind it for the nodes it has no kernel for."""
-    so = ort.SessionOptions()
+    provider keeps the CPU provider behind it for the nodes it has no kernel for. Several
+    intra-op threads share one pool across sessions unless ``thread_pool`` is "session"
+    (harness.session_options says why)."""
+    so = harness.session_options(threads, thread_pool)
     so.log_severity_level = 3
-    so.intra_op_num_threads = threads
     ort_mx_ops.register(so, EP_DEVICE[ep][0])
     if optimization == "disabled":  # a model that is already onnxruntime-optimised
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -156,13 +160,14 @@ def our_op_types(model: onnx.ModelProto) -> set[str]:
 
 def profile_breakdowns(paths: dict[str, str], feeds: dict[str, np.ndarray], runs: int,
                        threads: int, ours: set[str], workdir: str,
-                       ep: str = CPU_EP) -> dict[str, dict[str, Any]]:
+                       ep: str = CPU_EP, thread_pool: str = "shared") -> dict[str, dict[str, Any]]:
     """Per model of ``paths``, the per-op-type time of one run from onnxruntime's profiler:
     each node's median kernel time over ``runs`` runs (after one warm-up), summed per op
     type.  The models run in turns, one run each per round, so load from elsewhere hits them
     alike.  Shares are of the summed node time, so they add up to 1."""
     sessions = {label: _session(path, threads, optimization=_optimization_of(path),
-                                profile_prefix=os.path.join(workdir, f"profile{i}"), ep=ep)
+                                profile_prefix=os.path.join(workdir, f"profile{i}"), ep=ep,
+                                thread_pool=thread_pool)
                 for i, (label, path) in enumerate(paths.items())}
     for _ in range(runs + 1):
         for sess in sessions.values():
@@ -368,14 +373,14 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
             if label != "float":
                 ours |= our_op_types(onnx.load(path, load_external_data=False))
         sessions = {label: _session(p, opts.threads, optimization=_optimization_of(p),
-                                    ep=opts.ep)
+                                    ep=opts.ep, thread_pool=opts.thread_pool)
                     for label, p in variants.items()}
         outs = {label: s.run(None, feeds) for label, s in sessions.items()}
         vs_cpu = {}
         if opts.ep != CPU_EP:  # the same models on the CPU provider, one run each
             for label, p in variants.items():
-                cpu_out = _session(p, opts.threads, optimization=_optimization_of(p)).run(
-                    None, feeds)
+                cpu_out = _session(p, opts.threads, optimization=_optimization_of(p),
+                                   thread_pool=opts.thread_pool).run(None, feeds)
                 vs_cpu[label] = compare_to_cpu(cpu_out, outs[label])
         checks = {label: _compare(outs["float"], o) for label, o in outs.items()
                   if label != "float"}
@@ -389,7 +394,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                                    opts.max_rounds, opts.warm_runs)
         del sessions
         profiles = profile_breakdowns(variants, feeds, opts.profile_runs, opts.threads, ours,
-                                      workdir, opts.ep)
+                                      workdir, opts.ep, opts.thread_pool)
         for label, prof in profiles.items():
             opts.log(f"  profiled {label}: ours {prof['ours_share']:.1%}, layout "
                      f"{prof['layout_share']:.1%}")
@@ -435,7 +440,8 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         "machine": machine_info(),
         "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
-        "options": {"configs": opts.configs, "threads": opts.threads, "warmup": opts.warmup,
+        "options": {"configs": opts.configs, "threads": opts.threads,
+                    "thread_pool": opts.thread_pool, "warmup": opts.warmup,
                     "rounds": opts.rounds, "warm_runs": opts.warm_runs,
                     "min_time": opts.min_time,
                     "max_rounds": opts.max_rounds, "profile_runs": opts.profile_runs,
@@ -461,7 +467,9 @@ def markdown(doc: dict) -> str:
     warm_runs = o.get("warm_runs", 0)
     turn = "one cold run" + (f" and {warm_runs} warm runs" if warm_runs else "")
     out.append(f"- execution provider {o.get('ep', CPU_EP)}; intra-op threads "
-               f"{o['threads'] or 'default'}; {runs} interleaved "
+               f"{o['threads'] or 'default'}"
+               f"{' (one pool shared by every model)' if o['threads'] != 1 and o.get('thread_pool') == 'shared' else ''}"
+               f"; {runs} interleaved "
                f"rounds after {o['warmup']} warm-up runs, each turn {turn}; profile: per-node "
                f"median of {o['profile_runs']} runs; load average {before:.1f} before, "
                f"{after:.1f} after")
@@ -584,6 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="length of free non-batch axes of integer (token) inputs")
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads (default 1: steadier on a shared machine; 0: ORT's)")
+    p.add_argument("--thread-pool", choices=harness.THREAD_POOLS, default="shared",
+                   help="with several threads: shared (default) runs every model's session "
+                        "on one pool, session gives each its own (see the op benchmark)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=40, help="interleaved timed rounds, at least")
     p.add_argument("--warm-runs", type=int, default=4,
@@ -650,7 +661,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         (args.warmup, args.rounds, args.min_time, args.profile_runs)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     opts = ModelOptions(model=args.model, configs=configs, shapes=_parse_shapes(args.shape),
-                        seq_len=args.seq_len, threads=args.threads, warmup=warmup,
+                        seq_len=args.seq_len, threads=args.threads,
+                        thread_pool=args.thread_pool, warmup=warmup,
                         rounds=rounds, warm_runs=args.warm_runs, min_time=min_time,
                         max_rounds=max(rounds, args.max_rounds),
                         profile_runs=profile_runs, extra_models=extra, nchwc=args.nchwc,

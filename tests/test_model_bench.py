@@ -233,3 +233,20 @@ def test_ep_option(tmp_path):
     q = doc["results"][1]
     assert "bit_identical_to_cpu" not in q
     assert q["profile"]["ours_providers"] == {"CPUExecutionProvider": q["profile"]["ours_nodes"]}
+
+
+def test_two_threads_on_a_shared_pool(tmp_path):
+    """--threads 2 runs every model's session on one pool (the default) and says so; the
+    quantized model's outputs are still checked against the float one."""
+    model = _conv_chain(tmp_path / "c.onnx")
+    proc = subprocess.run([sys.executable, "-m", "ort_mx_ops.benchmarks", "--model", model,
+                           "--shape", "x=1x3x12x12", "--configs", "MXINT8", "--tiny",
+                           "--threads", "2", "--out", str(tmp_path / "o"), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "o" / "model_results.json").read_text())
+    assert doc["options"]["threads"] == 2 and doc["options"]["thread_pool"] == "shared"
+    assert "one pool shared by every model" in (tmp_path / "o" / "model_results.md").read_text()
+    q = doc["results"][1]
+    assert q["variant"] == "MXINT8" and q["profile"]["ours_nodes"] > 0 and q["finite_where_float_is"]
+    assert model_bench.build_parser().parse_args(["--model", "m"]).thread_pool == "shared"
