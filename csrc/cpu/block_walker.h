@@ -562,22 +562,15 @@ struct Walker {
   MXOPS_VINL void block_rows(const T* px, T* py, int64_t n, int64_t inner, int64_t nv_rt,
                              const Apply& apply) const {
     const int64_t nv = kNv > 0 ? kNv : nv_rt;
-    if constexpr (Stream && W > 8) {
-      // AVX-512: each result stored as it is computed (measured on Zen 4, 16 Mi elements,
-      // MXINT8 / MXFP4E2M1 outer: 0.84 -> 0.86-0.91x Neg against the row pairs below).
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t v = 0; v < nv; ++v) store(py + j * inner + v * W, apply(load(px + j * inner + v * W), v));
-      return;
-    }
-    if constexpr (Stream) {
+    int64_t j = 0;
+    if constexpr (Stream && W == 8) {
       // Two rows' results first, then each row's stores back to back: on the AMD EPYC
       // development machine (Zen 2, AVX2), streaming stores interleaved with the loads and
       // arithmetic of the next vectors ran the 16 Mi outer walk at 0.3x Neg, stored this way
       // at 0.7-0.9x (tile_sub_blocks does the same for the sub-blocks of MX9 / MX6 / MX4).
-      // On Zen 4 the AVX2 walk gains 0.03-0.05 from storing as above; not measured on Zen 2,
+      // On Zen 4 the AVX2 walk gains 0.03-0.05 from storing as below; not measured on Zen 2,
       // so AVX2 keeps the row pairs.
       constexpr int64_t kRows = 2;
-      int64_t j = 0;
       for (; j + kRows <= n; j += kRows) {
         F r[kRows][kTileVectors];
         for (int64_t v = 0; v < nv; ++v)
@@ -585,11 +578,11 @@ struct Walker {
         for (int64_t i = 0; i < kRows; ++i)
           for (int64_t v = 0; v < nv; ++v) store(py + (j + i) * inner + v * W, r[i][v]);
       }
-      for (; j < n; ++j)
-        for (int64_t v = 0; v < nv; ++v) store(py + j * inner + v * W, apply(load(px + j * inner + v * W), v));
-      return;
     }
-    for (int64_t j = 0; j < n; ++j) {
+    // Each result stored as it is computed: ordinary stores, AVX-512's streaming ones
+    // (measured on Zen 4, 16 Mi elements, MXINT8 / MXFP4E2M1 outer: 0.84 -> 0.86-0.91x Neg
+    // against the row pairs above), and the row the pairs leave over.
+    for (; j < n; ++j) {
       const T* row = px + j * inner;
       T* out = py + j * inner;
       for (int64_t v = 0; v < nv; ++v) store(out + v * W, apply(load(row + v * W), v));
