@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     opts = harness.Options(
         eps=_resolve_eps(args.ep), configs=configs, dtypes=dtypes, layouts=layouts, sizes=sizes,
-        threads=args.threads, thread_pool=args.thread_pool, warmup=warmup, min_repeats=repeats, max_repeats=max_repeats,
+        threads=args.threads, thread_pool=args.thread_pool, warmup=warmup,
+        min_repeats=repeats, max_repeats=max_repeats,
         min_time=min_time, standard=not args.no_standard,
         standard_max_size=parse_size(args.standard_max_size),
         other_library=args.other_library, log=log)

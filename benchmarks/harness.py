@@ -254,14 +254,19 @@ def use_shared_pool(threads: int) -> None:
                          f"'session')")
 
 
-def session_options(threads: int, thread_pool: str = "session") -> ort.SessionOptions:
-    """Session options with ``threads`` intra-op threads (0: onnxruntime's default): the
-    process's shared pool (``thread_pool="shared"``; one thread needs no pool, so it stays a
-    session's own) or a pool of the session's own."""
+def uses_shared_pool(threads: int, thread_pool: str) -> bool:
+    """Whether sessions with these settings run on the process's shared pool: "shared" with
+    more than one thread (one thread needs no pool, so it stays a session's own)."""
     if thread_pool not in THREAD_POOLS:
         raise ValueError(f"thread_pool {thread_pool!r}: one of {', '.join(THREAD_POOLS)}")
+    return thread_pool == "shared" and threads != 1
+
+
+def session_options(threads: int, thread_pool: str) -> ort.SessionOptions:
+    """Session options with ``threads`` intra-op threads (0: onnxruntime's default): the
+    process's shared pool (:func:`uses_shared_pool`) or a pool of the session's own."""
     so = ort.SessionOptions()
-    if thread_pool == "shared" and threads != 1:
+    if uses_shared_pool(threads, thread_pool):
         use_shared_pool(threads)
         so.use_per_session_threads = False
     else:

@@ -63,7 +63,7 @@ class ModelOptions:
     shapes: dict[str, list[int]] = field(default_factory=dict)  # --shape overrides
     seq_len: int = 128           # free non-batch axes of integer (token) inputs
     threads: int = 1             # intra-op threads; 0: onnxruntime's default
-    thread_pool: str = "shared"  # several threads: one pool for every session (harness.session_options)
+    thread_pool: str = "shared"  # several threads: one pool for every model (session_options)
     warmup: int = 3
     rounds: int = 40             # interleaved timed rounds, at least
     warm_runs: int = 4           # runs per turn after the first (cold) one; 0: none
@@ -466,9 +466,11 @@ def markdown(doc: dict) -> str:
     runs = doc["results"][0]["runs"]
     warm_runs = o.get("warm_runs", 0)
     turn = "one cold run" + (f" and {warm_runs} warm runs" if warm_runs else "")
+    shared = harness.uses_shared_pool(o["threads"], o.get("thread_pool", "session"))
+    shared_text = " (one pool shared by every model)" if shared else ""
     out.append(f"- execution provider {o.get('ep', CPU_EP)}; intra-op threads "
                f"{o['threads'] or 'default'}"
-               f"{' (one pool shared by every model)' if o['threads'] != 1 and o.get('thread_pool') == 'shared' else ''}"
+               f"{shared_text}"
                f"; {runs} interleaved "
                f"rounds after {o['warmup']} warm-up runs, each turn {turn}; profile: per-node "
                f"median of {o['profile_runs']} runs; load average {before:.1f} before, "

@@ -6,6 +6,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ort_mx_ops.benchmarks.harness import uses_shared_pool
+
 _LAYOUTS = ("innermost", "outer", "nchwc")  # harness.LAYOUTS, in the tables' order
 
 __all__ = ["write_json", "markdown", "write_markdown", "write_plots", "fmt_size", "runs_phrase"]
@@ -63,9 +65,9 @@ def markdown(doc: dict) -> str:
     out.append(f"- onnxruntime {v['onnxruntime']}, onnx {v['onnx']}, numpy {v['numpy']}, "
                f"ort_mx_ops {v['ort_mx_ops']}, Python {m['python']}; {m['time']}")
     o = doc["options"]
-    pool = o.get("thread_pool", "session")
-    pool_text = ("one pool per session" if pool == "session" or o["threads"] == 1 else
-                 "one pool shared by every session")
+    # (documents from before thread_pool existed ran a pool per session)
+    shared = uses_shared_pool(o["threads"], o.get("thread_pool", "session"))
+    pool_text = "one pool shared by every session" if shared else "one pool per session"
     out.append(f"- intra-op threads: {o['threads'] or 'onnxruntime default'} ({pool_text}); "
                f"{runs_phrase(o['min_repeats'], o['max_repeats'], o['warmup'])}; GB/s counts "
                "bytes read + written; ×Neg / ×copy = the reference's "
