@@ -161,6 +161,45 @@ def test_outer_column_walk_near_the_clamp(config, isa):
         assert_bits_equal(got, ref(x, **attrs), f"{config} {shape} {isa}")
 
 
+# The blocked axis innermost: W blocks at a time take the rounding alone or with the clamp
+# where all of them are finite and free of negative zeros and subnormals (block_walker.h,
+# blocks_plain), else the general walk. Rows of blocks near the clamp (W blocks of one, two or
+# four vectors per step on both paths), then the same with one special value (NaN, Inf,
+# -0, a subnormal, a negative subnormal) in some blocks, so that neighbouring groups of W
+# blocks take different walks; every path against the numpy reference.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MXINT8", "BFP16", "MXFP8E4M3", "MXFP8E5M2", "MXFP6E2M3",
+                                    "MXFP6E3M2", "MXFP4E2M1"])
+def test_innermost_blocks_near_the_clamp(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(11 * len(config) + len(dtype))
+    bs = spec.attrs["block_size"]
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 2.0**-140, -(2.0**-140), -(2.0**-127)],
+                        np.float32)
+    for rows, cols in [(512, 4), (1024, 3), (300, 5)]:
+        x = np.ascontiguousarray(_near_clamp_blocks((rows, cols), bs, rng).T)
+        for spoil in (False, True):
+            if spoil:
+                x = x.copy()
+                flat = x.reshape(-1)
+                where = rng.choice(flat.size, size=max(1, flat.size // 300), replace=False)
+                flat[where] = rng.choice(specials, size=where.size)
+            if dtype == "float32":
+                xs = x
+            elif dtype == "float16":
+                xs = (x / np.float32(64)).astype(np.float16)  # inside float16's range
+            else:
+                xs = (x.view(np.uint32) >> 16).astype(np.uint16)
+            bf = "bfloat16" if dtype == "bfloat16" else None
+            attrs = dict(spec.attrs, axis=1)
+            with cpu_path(isa):
+                got = nat(xs, dtype=bf, threads=2, **attrs)
+            assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                              f"{config} {dtype} {x.shape} spoilt={spoil} {isa}")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("mode", [0, 1, 2])

@@ -73,23 +73,32 @@ Isa detected_isa() {
 #endif
 }
 
+// AMD family 19h: Zen 3 and Zen 4.
+bool amd_family_19h() {
+#if !defined(__x86_64__)
+  return false;
+#else
+  static const bool zen = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+  }();
+  return zen;
+#endif
+}
+
 // Whether this processor runs 512-bit vector operations as two 256-bit halves (AMD family
 // 19h: Zen 4; Zen 3, the same family, has no AVX-512). On such a Zen 4, one thread, float32,
 // the AVX-512 walker along rows ran slower than the AVX2 one (xNeg, BFP16: 0.20-0.27 against
 // 0.30-0.39 in cache, 0.57 against 0.66-0.78 at 16 Mi elements; the other formats 10-25 %
 // slower in cache), while with the blocked axis outer it was mostly the faster one (0.35-0.79
 // against 0.25-0.75 in cache, 0.57-0.82 against 0.52-0.74 at 16 Mi); README, "Speed".
-bool split_512_bit_units() {
-#if !defined(__x86_64__)
-  return false;
-#else
-  static const bool split = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
-  }();
-  return split;
-#endif
-}
+bool split_512_bit_units() { return amd_family_19h(); }
+
+// Whether the walks with the blocked axis innermost prefetch their input and output streams in
+// software (block_walker.h, Walker::prefetch_rows): yes, except on AMD family 19h, where they
+// measured slower with them (Zen 4, 16 Mi float32 elements, one thread: MXINT8 / MX9 0.80-0.88x
+// a negation loop with, 1.00-1.15x without).
+bool row_prefetch_helps() { return !amd_family_19h(); }
 
 // Says once per requested value, on stderr, that the processor cannot run that path.
 void warn_unavailable(const char* requested, Isa ran) {
@@ -170,13 +179,15 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
+  const bool prefetch_rows = row_prefetch_helps();
   run_tasks(run, tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);
 #if defined(__x86_64__)
-    if (isa == Isa::kAvx512) return simd16::run_units(p, t, x, y, g, u0, u1);
-    if (isa == Isa::kAvx2) return simd8::run_units(p, t, x, y, g, u0, u1);
+    if (isa == Isa::kAvx512) return simd16::run_units(p, t, x, y, g, u0, u1, prefetch_rows);
+    if (isa == Isa::kAvx2) return simd8::run_units(p, t, x, y, g, u0, u1, prefetch_rows);
 #endif
-    with_walker<ScalarLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); });
+    with_walker<ScalarLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); },
+                             false, prefetch_rows);
   });
 }
 

@@ -2,6 +2,11 @@
 // (-mavx2 -mf16c) and =16 (-mavx512f -mavx512bw -mavx512vl -mavx512dq); GCC vector
 // extensions keep one source for both. This file owns only what differs between lane
 // widths: vector loads and stores, lane reductions, and the bf16 quantize loops.
+
+// GCC 12 reports the placeholder operand inside its own AVX-512 half-precision conversion
+// intrinsics (_mm512_cvtph_ps, _mm512_cvtps_ph) as maybe uninitialised wherever the walker
+// inlines them into a loop: a false positive about the compiler's header, not this code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -199,10 +204,11 @@ struct VecLanes {
 bool supports(const QdqParams& p, const Geometry& g) { return vector_walk_supported<W>(p, g); }
 
 void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
-               int64_t u0, int64_t u1) {
+               int64_t u0, int64_t u1, bool prefetch_rows) {
   const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const bool stream = stream_supported<W>(t, y, g);
-  with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, stream);
+  with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, stream,
+                        prefetch_rows);
   // Non-temporal stores are weakly ordered: make them visible before the task reports done.
   if (stream) _mm_sfence();
 }

@@ -17,9 +17,10 @@ namespace mxops::cpu {
   namespace ns {                                                                         \
   /* Whether this walker handles the op on this geometry (else the scalar one does). */  \
   bool supports(const QdqParams& p, const Geometry& g);                                  \
-  /* Work units [u0, u1) of plan_units(g, walk_block_size(p, g)) (block_walker.h). */    \
+  /* Work units [u0, u1) of plan_units(g, walk_block_size(p, g)) (block_walker.h); */    \
+  /* prefetch_rows: Walker::prefetch_rows. */                                              \
   void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,  \
-                 int64_t u0, int64_t u1);                                                \
+                 int64_t u0, int64_t u1, bool prefetch_rows);                            \
   /* bf16_quantize / _dequantize / _quantize_dequantize (bf16_qdq.h) of n elements,  */ \
   /* one channel. */                                                                     \
   void bf16_quantize_run(const float* x, uint16_t* y, int64_t n, float scale,            \
