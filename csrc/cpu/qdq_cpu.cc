@@ -96,8 +96,9 @@ bool split_512_bit_units() { return amd_family_19h(); }
 
 // Whether the walks with the blocked axis innermost prefetch their input and output streams in
 // software (block_walker.h, Walker::prefetch_rows): yes, except on AMD family 19h, where they
-// measured slower with them (Zen 4, 16 Mi float32 elements, one thread: MXINT8 / MX9 0.80-0.88x
-// a negation loop with, 1.00-1.15x without).
+// measured slower with them (Zen 4, 16 Mi float32 elements, one thread, the walker called
+// directly against a negation loop, with -> without: AVX2 path MXINT8 0.85 -> 1.08, MX9 0.82 ->
+// 1.00; AVX-512 path MXINT8 0.80 -> 1.15, MX9 0.87 -> 0.92).
 bool row_prefetch_helps() { return !amd_family_19h(); }
 
 // Says once per requested value, on stderr, that the processor cannot run that path.
