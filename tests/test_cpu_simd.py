@@ -200,6 +200,58 @@ def test_innermost_blocks_near_the_clamp(config, dtype, isa):
                               f"{config} {dtype} {x.shape} spoilt={spoil} {isa}")
 
 
+def _blocks_at_scales(shape, block, rng, lo=-149, hi=127):
+    """Normal values whose blocks of `block` consecutive elements (along the last axis) each
+    have their own power-of-two scale from 2^lo to 2^hi: neighbouring blocks are tiny
+    (subnormal quanta), ordinary or near float32's largest."""
+    n = int(np.prod(shape))
+    k = np.repeat(rng.integers(lo, hi, -(-n // block)), block)[:n]
+    with np.errstate(over="ignore", under="ignore"):
+        x = (rng.standard_normal(n) * 2.0 ** k.astype(np.float64)).astype(np.float32)
+    x[~np.isfinite(x)] = np.float32(3.0e38)
+    return x.reshape(shape)
+
+
+# to_bfp_prime with the blocked axis innermost or in the NCHWc view (nchwc_block >= the block):
+# W blocks at a time (block_walker.h, blocks_sub) where all W are finite and take the
+# one-addition form without the subnormal flush, else one block at a time. Rows of 11 blocks
+# and longer ones, so that both walks and the tail meet; blocks at every scale (tiny ones
+# refuse the form without the flush, huge ones the one-addition form), Inf / NaN / -0 /
+# subnormals sprinkled.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MX9", "MX6", "MX4"])
+def test_innermost_sub_blocks_match_reference(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(7 * len(config) + len(dtype))
+    bs = spec.attrs["block_size"]
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 2.0**-140, -(2.0**-140)], np.float32)
+    cases = [((64, 11 * bs), 1, 0), ((3, 70 * bs), 1, 0), ((1, 32, 6, 40), 1, 16),
+             ((1, 16, 9, 21), 1, 16), ((1, 32, 5, 7), 1, 32)]
+    for shape, axis, lanes in cases:
+        for scales, spoil in ((True, False), (True, True), (False, False)):
+            x = _blocks_at_scales(shape, bs, rng) if scales else \
+                (rng.standard_normal(shape) * 4).astype(np.float32)
+            if spoil:
+                flat = x.reshape(-1)
+                where = rng.choice(flat.size, size=max(1, flat.size // 500), replace=False)
+                flat[where] = rng.choice(specials, size=where.size)
+            if dtype == "float32":
+                xs = x
+            elif dtype == "float16":
+                xs = (x * np.float32(2.0**-112)).astype(np.float16)  # float16's range and below
+            else:
+                xs = (x.view(np.uint32) >> 16).astype(np.uint16)
+            bf = "bfloat16" if dtype == "bfloat16" else None
+            attrs = dict(spec.attrs, axis=axis, nchwc_block=lanes)
+            with cpu_path(isa):
+                got = nat(xs, dtype=bf, threads=2, **attrs)
+            assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                              f"{config} {dtype} {shape} lanes={lanes} scales={scales} "
+                              f"spoilt={spoil} {isa}")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("mode", [0, 1, 2])
