@@ -182,22 +182,32 @@ def test_innermost_blocks_near_the_clamp(config, dtype, isa):
         x = np.ascontiguousarray(_near_clamp_blocks((rows, cols), bs, rng).T)
         for spoil in (False, True):
             if spoil:
-                x = x.copy()
-                flat = x.reshape(-1)
-                where = rng.choice(flat.size, size=max(1, flat.size // 300), replace=False)
-                flat[where] = rng.choice(specials, size=where.size)
-            if dtype == "float32":
-                xs = x
-            elif dtype == "float16":
-                xs = (x / np.float32(64)).astype(np.float16)  # inside float16's range
-            else:
-                xs = (x.view(np.uint32) >> 16).astype(np.uint16)
-            bf = "bfloat16" if dtype == "bfloat16" else None
+                x = _sprinkled(x, specials, 300, rng)
+            xs, bf = _as_dtype(x, dtype, np.float32(1 / 64))  # inside float16's range
             attrs = dict(spec.attrs, axis=1)
             with cpu_path(isa):
                 got = nat(xs, dtype=bf, threads=2, **attrs)
             assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
                               f"{config} {dtype} {x.shape} spoilt={spoil} {isa}")
+
+
+def _sprinkled(x, specials, every, rng):
+    """A copy of x with one element in `every` (at least one) replaced by one of `specials`."""
+    x = x.copy()
+    flat = x.reshape(-1)
+    where = rng.choice(flat.size, size=max(1, flat.size // every), replace=False)
+    flat[where] = rng.choice(specials, size=where.size)
+    return x
+
+
+def _as_dtype(x, dtype, f16_scale):
+    """float32 x as the kernels' input of `dtype` (float16: x * f16_scale; bfloat16: the upper
+    halves of the bit patterns) and the dtype argument of ort_mx_ops.native for it."""
+    if dtype == "float32":
+        return x, None
+    if dtype == "float16":
+        return (x * f16_scale).astype(np.float16), None
+    return (x.view(np.uint32) >> 16).astype(np.uint16), "bfloat16"
 
 
 def _blocks_at_scales(shape, block, rng, lo=-149, hi=127):
@@ -234,16 +244,8 @@ def test_innermost_sub_blocks_match_reference(config, dtype, isa):
             x = _blocks_at_scales(shape, bs, rng) if scales else \
                 (rng.standard_normal(shape) * 4).astype(np.float32)
             if spoil:
-                flat = x.reshape(-1)
-                where = rng.choice(flat.size, size=max(1, flat.size // 500), replace=False)
-                flat[where] = rng.choice(specials, size=where.size)
-            if dtype == "float32":
-                xs = x
-            elif dtype == "float16":
-                xs = (x * np.float32(2.0**-112)).astype(np.float16)  # float16's range and below
-            else:
-                xs = (x.view(np.uint32) >> 16).astype(np.uint16)
-            bf = "bfloat16" if dtype == "bfloat16" else None
+                x = _sprinkled(x, specials, 500, rng)
+            xs, bf = _as_dtype(x, dtype, np.float32(2.0**-112))  # float16's range and below
             attrs = dict(spec.attrs, axis=axis, nchwc_block=lanes)
             with cpu_path(isa):
                 got = nat(xs, dtype=bf, threads=2, **attrs)
