@@ -150,10 +150,11 @@ struct BfpLanes {
   MXOPS_VINL I exponent(K k) const { return finite_exponent_of_key(k); }
   MXOPS_VINL Params params(I s, I) const { return bfp_scale(s, m); }
   MXOPS_VINL F apply(F x, const Params& p) const { return to_bfp_element<Mode, Small>(x, p); }
-  MXOPS_VINL bool fast(I s) const {
-    if constexpr (kDirect) return __builtin_expect(L::all(bfp_direct_block(s, m)), 1);
-    return L::all(pow2_pair_normal(bfp_scale_exponent(s, m)));
+  MXOPS_VINL auto fast_mask(I s) const {
+    if constexpr (kDirect) return bfp_direct_block(s, m);
+    else return pow2_pair_normal(bfp_scale_exponent(s, m));
   }
+  MXOPS_VINL bool fast(I s) const { return __builtin_expect(L::all(fast_mask(s)), 1); }
   MXOPS_VINL Fast fast_params(I s, I) const {
     if constexpr (kDirect) return bfp_direct_params(s, m);
     else return bfp_scale<true>(s, m);
@@ -194,6 +195,7 @@ struct PrimeLanes {
     bool by_addition;  // kHalfEven and bfp_prime_addition_exact in every lane
   };
   static constexpr bool kSubBlocks = true;
+  static constexpr bool kFastMode = Mode == kHalfEven;  // (fast_mask alone does not say it)
   int m, sub_block_size, shift_bits;
   // The exponent field in place (e << 23) is both the key and what exponent() gives: the fast
   // form's sub-block parameters come from it without shifting (bfp_prime_addition_params_in_place).
@@ -212,13 +214,15 @@ struct PrimeLanes {
     return bfp_prime_element<Mode>(x, p.core, m);
   }
   // Every sub-block by one addition, its add and sat straight from its exponent.
-  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(bfp_prime_addition_block(field(s), m)); }
+  MXOPS_VINL auto fast_mask(I s) const { return bfp_prime_addition_block(field(s), m); }
+  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(fast_mask(s)); }
   MXOPS_VINL Fast fast_params(I s, I sub) const {
     return bfp_prime_addition_params_in_place(s, sub, shift_bits, m);
   }
   MXOPS_VINL F apply_fast(F x, const Fast& p) const { return bfp_prime_element_by_addition(x, p); }
   // Within the fast form, blocks whose subnormals round to 0 without the flush.
-  MXOPS_VINL bool normal(I s) const { return L::all(bfp_prime_addition_normal_block(field(s), m, shift_bits)); }
+  MXOPS_VINL auto normal_mask(I s) const { return bfp_prime_addition_normal_block(field(s), m, shift_bits); }
+  MXOPS_VINL bool normal(I s) const { return L::all(normal_mask(s)); }
   MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
   static constexpr int kPlain = 0;
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
@@ -242,11 +246,12 @@ struct MxLanes {
   MXOPS_VINL I exponent(K k) const { return finite_exponent_of_key(k); }
   MXOPS_VINL Params params(I s, I) const { return mx_scale(s, element.emax); }
   MXOPS_VINL F apply(F x, const Params& p) const { return mx_element<Mode, Kind>(x, p, element); }
-  MXOPS_VINL bool fast(I s) const {
-    if constexpr (kDirect) return __builtin_expect(L::all(mx_direct_block(s, element)), 1);
-    if constexpr (kIntDirect) return __builtin_expect(L::all(mx_int_direct_block(s, element)), 1);
-    return L::all(pow2_pair_normal(mx_scale_exponent(s, element.emax)));
+  MXOPS_VINL auto fast_mask(I s) const {
+    if constexpr (kDirect) return mx_direct_block(s, element);
+    else if constexpr (kIntDirect) return mx_int_direct_block(s, element);
+    else return pow2_pair_normal(mx_scale_exponent(s, element.emax));
   }
+  MXOPS_VINL bool fast(I s) const { return __builtin_expect(L::all(fast_mask(s)), 1); }
   MXOPS_VINL Fast fast_params(I s, I) const {
     if constexpr (kDirect) return mx_direct_signed_params(s, element);
     else if constexpr (kIntDirect) return mx_int_direct_params(s, element);
@@ -392,26 +397,28 @@ struct Walker {
   template <int kNv>
   MXOPS_VINL bool blocks_plain(const Pol& pol, const T* p, T* q) const {
     I a[W];
-    I bmin = splat<I>(INT32_MAX);
+    I bmin{};
 #pragma GCC unroll 16
     for (int b = 0; b < W; ++b) {
-      I m = splat<I>(0);
+      I m{};
 #pragma GCC unroll 4
       for (int i = 0; i < kNv; ++i) {
         const int64_t off = (b * kNv + i) * W;
         if ((off * int64_t(sizeof(T))) % 64 == 0) prefetch(p + off, q + off);  // once per line
         const I bits = as_int(f2u(load(p + off)));
-        m = imax(m, bits & 0x7fffffff);
-        if constexpr (Pol::kPlain > 1) bmin = imin(bmin, bits);
+        m = i == 0 ? bits & 0x7fffffff : imax(m, bits & 0x7fffffff);
+        if constexpr (Pol::kPlain > 1) bmin = off == 0 ? bits : imin(bmin, bits);
       }
       a[b] = m;
     }
     const I amax = L::transpose_max(a);  // lane b: block b's greatest magnitude
-    if (!L::all(magnitude_finite(amax))) return false;
+    // One test for all three conditions (measured: the three branches took ~18 % of BFP16's
+    // walk); s and the fast form's test are only integer operations on the lanes of a block
+    // with Inf or NaN, whose results the finite test masks.
     const I s = pol.exponent_of_magnitude(amax);
-    if (!pol.fast(s)) return false;
-    if constexpr (Pol::kPlain > 1)
-      if (!L::all(no_negative_tiny(bmin))) return false;
+    auto ok = magnitude_finite(amax) & pol.fast_mask(s);
+    if constexpr (Pol::kPlain > 1) ok = ok & no_negative_tiny(bmin);
+    if (!L::all(ok)) return false;
     const auto prm = pol.fast_params(s, s);
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     auto each = [&](auto apply) {
@@ -456,7 +463,7 @@ struct Walker {
       a[b] = m;
     }
     const I s = pol.exponent(L::transpose_max(a));  // lane b: block b's maximum
-    if (!pol.fast(s) || !pol.normal(s)) return false;
+    if (!(Pol::kFastMode && L::all(pol.fast_mask(s) & pol.normal_mask(s)))) return false;
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
 #pragma GCC unroll 16
     for (int b = 0; b < W; ++b) {
