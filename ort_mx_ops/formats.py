@@ -130,8 +130,11 @@ _ROUNDING = AttrSpec("rounding_mode", "int", 0, 0, 2)
 # Our extension (not a Quark attribute): the input is in onnxruntime's NCHWc layout with
 # channel blocks of this size (0: the plain layout); a power of two, see resolve_attrs.
 _NCHWC_BLOCK = AttrSpec("nchwc_block", "int", 0, 0, MAX_NCHWC_BLOCK)
+# Our extension, with nchwc_block: how many of the input's channels are the tensor's (0: all);
+# onnxruntime pads an NCHWc tensor's channels to a multiple of the block, see resolve_attrs.
+_NCHWC_CHANNELS = AttrSpec("nchwc_channels", "int", 0, 0, None)
 # Attributes that describe a tensor (where its blocks lie), not a number format.
-LAYOUT_ATTRS = ("axis", "nchwc_block")
+LAYOUT_ATTRS = ("axis", "nchwc_block", "nchwc_channels")
 
 _BFP_ATTRS = (
     AttrSpec("bfp_method", "string", "to_bfp", allowed=tuple(BFP_METHODS)),
@@ -146,6 +149,7 @@ _BFP_ATTRS = (
     AttrSpec("convert_to_bfloat_before_bfp", "int", 0, 0, 1),
     AttrSpec("use_compiler_version_cpu_kernel", "int", 0, 0, 0),  # not implemented yet
     _NCHWC_BLOCK,
+    _NCHWC_CHANNELS,
 )
 _MX_ATTRS = (
     AttrSpec("element_dtype", "string", "int8", allowed=tuple(MX_ELEMENT_FORMATS)),
@@ -153,6 +157,7 @@ _MX_ATTRS = (
     AttrSpec("block_size", "int", 32, 1, MAX_BLOCK_SIZE),
     _ROUNDING,
     _NCHWC_BLOCK,
+    _NCHWC_CHANNELS,
 )
 
 _CANONICAL = [
@@ -220,6 +225,9 @@ def resolve_attrs(op: str, attrs: Mapping[str, Any], *, allow_axis: bool = True)
         raise ValueError(f"{op}: sub_block_size ({full['sub_block_size']}) must divide "
                          f"block_size ({full['block_size']})")
     lanes, bs = full.get("nchwc_block", 0), full.get("block_size", 1)
+    if full.get("nchwc_channels", 0) and not lanes:
+        raise ValueError(f"{op}: nchwc_channels ({full['nchwc_channels']}) needs nchwc_block; "
+                         "allowed without it: 0")
     if lanes:
         if lanes & (lanes - 1):
             raise ValueError(f"{op}: nchwc_block must be 0 or a power of two, got {lanes}")

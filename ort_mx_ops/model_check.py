@@ -30,7 +30,8 @@ _ONNX_TYPES = {"int": AttributeProto.INT, "string": AttributeProto.STRING,
 # their family, without rounding_mode, plus the output shape; convert_to_bfloat_before_bfp
 # may only be 0 (it acted when the weight was folded).
 _PACKED = {"MXDequantize": "MXQuantizeDequantize", "BFPDequantize": "BFPQuantizeDequantize"}
-_PACKED_UNUSED = {"rounding_mode", "use_compiler_version_cpu_kernel", "nchwc_block"}
+_PACKED_UNUSED = {"rounding_mode", "use_compiler_version_cpu_kernel", "nchwc_block",
+                  "nchwc_channels"}
 _PACKED_ONLY = {a.name: a for a in (AttrSpec("shape", "ints", None),
                                     AttrSpec("convert_to_bfloat_before_bfp", "int", 0, 0, 0))}
 

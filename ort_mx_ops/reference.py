@@ -193,11 +193,12 @@ def _run_blocked(x: np.ndarray, dtype: str | None, axis: int, block_size: int,
 
 
 def _in_nchwc(x: np.ndarray, lanes: int, axis: int, op: str,
-              apply: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+              apply: Callable[[np.ndarray], np.ndarray], channels: int = 0) -> np.ndarray:
     """``nchwc_block = lanes`` (docs/formats.md, "NCHWc layout"): the buffer of ``x`` (shape
     ``[N, C, d2, ...]``) holds the tensor in the memory order ``[N, C/lanes, d2, ..., lanes]``.
     Rebuild the logical tensor, ``apply`` the op along axis 1, and store the result back in
-    the same order."""
+    the same order. ``nchwc_channels = channels`` > 0: the tensor is the first ``channels``
+    channels only (C - lanes < channels <= C); the others are padding, whose results are +0."""
     if not lanes:
         return apply(x)
     x = np.asarray(x)
@@ -209,9 +210,15 @@ def _in_nchwc(x: np.ndarray, lanes: int, axis: int, op: str,
     n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
     if c % lanes:
         raise ValueError(f"{op}: nchwc_block ({lanes}) must divide the channel count, got {c}")
+    real = channels or c
+    if not c - lanes < real <= c:
+        raise ValueError(f"{op}: nchwc_channels ({channels}) must be more than {c - lanes} and "
+                         f"at most {c} (the input's {c} channels, nchwc_block {lanes})")
     memory = np.ascontiguousarray(x).reshape(n, c // lanes, *spatial, lanes)
     logical = np.moveaxis(memory, -1, 2).reshape(x.shape)
-    y = apply(np.ascontiguousarray(logical))
+    y = apply(np.ascontiguousarray(logical[:, :real]))
+    if real < c:
+        y = np.concatenate([y, np.zeros((n, c - real, *spatial), y.dtype)], axis=1)
     back = np.moveaxis(y.reshape(n, c // lanes, lanes, *spatial), 2, -1)
     return np.ascontiguousarray(back).reshape(x.shape)
 
@@ -275,8 +282,9 @@ def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
 
     ``attrs`` are the node's attributes (``bfp_method``, ``axis``, ``bit_width``,
     ``block_size``, ``rounding_mode``, ``sub_block_size``, ``sub_block_shift_bits``,
-    ``convert_to_bfloat_before_bfp``, ``nchwc_block``); missing ones take the defaults of
-    ``ort_mx_ops.formats.OPS``, and invalid ones raise ``ValueError`` as the native op does."""
+    ``convert_to_bfloat_before_bfp``, ``nchwc_block``, ``nchwc_channels``); missing ones
+    take the defaults of ``ort_mx_ops.formats.OPS``, and invalid ones raise ``ValueError`` as
+    the native op does."""
     a = resolve_attrs("BFPQuantizeDequantize", attrs)
     method = BFP_METHODS[a["bfp_method"]]
     axis, block_size, rounding_mode = a["axis"], a["block_size"], a["rounding_mode"]
@@ -292,7 +300,7 @@ def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
     prepare = bf16_round if a["convert_to_bfloat_before_bfp"] else (lambda v: v)
     granule = sub_block_size if method == "to_bfp_prime" else 1
     return _in_nchwc(x, a["nchwc_block"], axis, "BFPQuantizeDequantize", lambda v: _run_blocked(
-        v, dtype, axis, block_size, per_block, prepare, granule))
+        v, dtype, axis, block_size, per_block, prepare, granule), a["nchwc_channels"])
 
 
 # --------------------------------------------------------------------------------------
@@ -331,13 +339,15 @@ def mx_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
                            **attrs: int | str) -> np.ndarray:
     """``MXQuantizeDequantize`` / ``MXFixNeuron``: OCP microscaling with an E8M0 shared
     scale and the named element type.  ``attrs`` (``element_dtype``, ``axis``,
-    ``block_size``, ``rounding_mode``, ``nchwc_block``) default and validate as in
+    ``block_size``, ``rounding_mode``, ``nchwc_block``, ``nchwc_channels``) default and
+    validate as in
     ``ort_mx_ops.formats.OPS``."""
     a = resolve_attrs("MXQuantizeDequantize", attrs)
     fmt = MX_ELEMENT_FORMATS[a["element_dtype"]]
     axis, block_size, rounding_mode = a["axis"], a["block_size"], a["rounding_mode"]
     return _in_nchwc(x, a["nchwc_block"], axis, "MXQuantizeDequantize", lambda v: _run_blocked(
-        v, dtype, axis, block_size, lambda b: _mx_blocks(b, fmt, rounding_mode)))
+        v, dtype, axis, block_size, lambda b: _mx_blocks(b, fmt, rounding_mode)),
+        a["nchwc_channels"])
 
 
 # --------------------------------------------------------------------------------------

@@ -11,12 +11,15 @@ What: onnxruntime optimises the model (``ORT_ENABLE_ALL``, our ops registered) a
 optimised graph; then every ``ReorderOutput -> our op -> ReorderInput`` chain whose op can work
 on the blocked data directly loses both conversions:
 
-* BFP / MX nodes blocked along the channel axis of a tensor whose channel count is a multiple
-  of B, with a ``block_size`` that is a multiple of B or divides it: the node gets the
-  attribute ``nchwc_block = B`` (docs/formats.md, "NCHWc layout") and reads the blocked tensor
-  itself, memory ``[N, C/B, H, W, B]``: each block is the same ``block_size`` consecutive
-  channels of one pixel as in the plain layout, gathered from ``block_size / B`` channel
-  groups (or, where ``block_size`` divides B, ``block_size`` consecutive floats of one group).
+* BFP / MX nodes blocked along the channel axis, with a ``block_size`` that is a multiple of
+  B or divides it: the node gets the attribute ``nchwc_block = B`` (docs/formats.md, "NCHWc
+  layout") and reads the blocked tensor itself, memory ``[N, C/B, H, W, B]``: each block is
+  the same ``block_size`` consecutive channels of one pixel as in the plain layout, gathered
+  from ``block_size / B`` channel groups (or, where ``block_size`` divides B, ``block_size``
+  consecutive floats of one group).  Where the channel count is not a multiple of B,
+  onnxruntime's blocked tensor has padding channels up to the next multiple; the node then
+  also gets ``nchwc_channels`` = the real count, ignores the padding and writes 0 there (what
+  onnxruntime's ``ReorderInput`` writes).
 * BF16 (``ExtendedQuantizeLinear -> ExtendedDequantizeLinear``, or our one-node
   ``BF16QuantizeDequantize``) with a per-tensor scale and zero point: elementwise, runs on the
   blocked tensor as it is.
@@ -31,7 +34,8 @@ kernels refuse the attribute); the model's metadata records the onnxruntime vers
 was made for.  :func:`inference_session` makes it in memory where the model runs, so the
 file shipped stays the portable quantized model.  Nodes of ours that keep their conversions,
 with why, are listed in the report: a ``block_size`` that is neither a multiple nor a divisor
-of B, channel counts that are not multiples of B, a node read outside the layout.
+of B, BF16 nodes on channel counts that are not multiples of B, a node read outside the
+layout.
 """
 from __future__ import annotations
 
@@ -209,7 +213,8 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
             report.kept.append(f"{label}: channels-last conversion")
             continue
         channels = int(ro_attrs.get("channels", 0))
-        if channels <= 0 or channels % block:
+        if channels <= 0 or (channels % block and node.op_type in _BF16_OPS):
+            # (a BF16 node would turn the padding channels into values other than 0)
             report.kept.append(f"{label}: {channels} channels, not a multiple of the NCHWc "
                                f"block {block}")
             continue
@@ -245,6 +250,8 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
                 continue
             a["axis"] = 1
             a["nchwc_block"] = block
+            if channels % block:  # onnxruntime's blocked tensor has padding channels past these
+                a["nchwc_channels"] = channels
             new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
                                     name=node.name, **a)]
         replace[id(chain[0])] = new

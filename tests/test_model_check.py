@@ -49,7 +49,7 @@ PROBLEMS = [
     ({"axis": "0"}, ["'axis' is string, expected int"]),
     ({"blocksize": 32}, ["unknown attribute 'blocksize'", "allowed: axis, block_size, "
                                                            "element_dtype, nchwc_block, "
-                                                           "rounding_mode"]),
+                                                           "nchwc_channels, rounding_mode"]),
     # One character substituted: beyond what a kernel can find by asking for names.
     ({"block_sise": 32}, ["unknown attribute 'block_sise'"]),
     ({"quark_version": "0.13"}, ["unknown attribute 'quark_version'"]),

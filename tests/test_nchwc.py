@@ -125,24 +125,32 @@ def test_fixed_shapes(tmp_path, config, hw):
         nchwc.optimize_nchwc(q, out, {"y": shape})
 
 
-def test_channels_not_a_multiple_of_the_block_keep_their_conversions(tmp_path):
+@pytest.mark.parametrize("config", ["BFP16", "MX9", "MXINT8", "BF16"])
+def test_channels_not_a_multiple_of_the_block(tmp_path, config):
+    """onnxruntime pads a blocked tensor's channels to the next multiple of B: 12 channels with
+    AVX2's blocks of 8, 24 with AVX-512's blocks of 16 (which reads 12-channel tensors in NCHW).
+    A BFP / MX node between two convolutions reads the padded tensor, with nchwc_channels the
+    real count; a BF16 node keeps its conversions. The outputs keep every bit, special values
+    included."""
+    channels = (24, 24, 24) if BLOCK == 16 else (12, 12, 12)
     q = str(tmp_path / "q.onnx")
-    quantize_model(_cnn(tmp_path / "m.onnx", channels=(12, 12, 12)), q, "BFP16")
+    quantize_model(_cnn(tmp_path / "m.onnx", channels=channels), q, config)
     out = str(tmp_path / "q_nchwc.onnx")
     report = nchwc.optimize_nchwc(q, out)
-    # Nothing is rewritten and no conversion goes. Where onnxruntime blocks the 12 channels
-    # (padded to 16 with AVX2's blocks of 8), our nodes sit between reorders and say so; with
-    # AVX-512's blocks of 16 its convolutions read the 12-channel tensors in NCHW instead.
-    if BLOCK > 4:  # (with blocks of 4, 12 channels are a multiple of the block)
-        assert report.rewritten == [] and report.reorders_after == report.reorders_before
-        assert report.kept and all("not a multiple" in k or "read outside the blocked layout" in k
-                                   for k in report.kept), report.kept
-    if BLOCK == 8:
-        assert any("not a multiple" in k for k in report.kept)
-    x = _inputs()[0]
-    a = _run(q, ort_mx_ops.register(ort.SessionOptions()), x)
-    b = _run(out, nchwc.session_options(), x)
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    if channels[0] % BLOCK:
+        if config == "BF16":
+            assert report.rewritten == [] and report.reorders_after == report.reorders_before
+            assert any("not a multiple" in k for k in report.kept), report.kept
+        else:
+            assert report.rewritten, report.kept
+            assert report.reorders_after == report.reorders_before - 2 * len(report.rewritten)
+            real = [helper.get_attribute_value(a) for n in onnx.load(out).graph.node
+                    for a in n.attribute if a.name == "nchwc_channels"]
+            assert real == [channels[0]] * len(report.rewritten)
+    for x in _inputs():
+        a = _run(q, ort_mx_ops.register(ort.SessionOptions()), x)
+        b = _run(out, nchwc.session_options(), x)
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (config, x.shape)
 
 
 def test_bad_paths(tmp_path):
@@ -211,6 +219,11 @@ def test_classifier_bit_identical_with_fewer_conversions(tmp_path, config):
     lanes = [helper.get_attribute_value(a) for n in onnx.load(out).graph.node
              for a in n.attribute if a.name == "nchwc_block"]
     assert lanes == [BLOCK] * len(report.rewritten)
+    real = [helper.get_attribute_value(a) for n in onnx.load(out).graph.node
+            for a in n.attribute if a.name == "nchwc_channels"]
+    if BLOCK == 16:  # its 8- and 24-channel tensors, padded in onnxruntime's blocked layout
+        assert sorted(set(real)) == [8, 24], real
+    assert not [k for k in report.kept if "not a multiple" in k], report.kept
     fixed_report = nchwc.optimize_nchwc(q, fixed, {"x": [1, 3, 48, 192]})
     assert fixed_report.rewritten == report.rewritten
     rng = np.random.default_rng(1)

@@ -178,6 +178,46 @@ def test_through_onnxruntime(config, dtype):
     assert_bits_equal(run_one_node(*legacy, attrs, x, dtype), want, f"{config} legacy")
 
 
+# nchwc_channels: onnxruntime pads a blocked tensor's channels to a multiple of L. The real
+# channels' results equal the plain op on the logical tensor of those channels alone, whatever
+# the padding holds (NaN, Inf, huge values: a convolution's padding lanes can hold anything);
+# the padding's results are +0. Channel counts below one group, a group and a bit, blocks cut
+# short by the last real channel; the kernel copies the input with the padding zeroed into the
+# output and works there in place (qdq_cpu.cc).
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_padding_channels_are_left_out(config, lanes, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(zlib.crc32(f"pad {config} {lanes} {dtype}".encode()))
+    bf = "bfloat16" if dtype == "bfloat16" else None
+    junk = {"float32": np.array([np.nan, np.inf, -3e38, 1e30], np.float32).view(np.uint32),
+            "float16": np.array([np.nan, np.inf, -6e4, 1e4], np.float16).view(np.uint16),
+            "bfloat16": np.array([0x7fc0, 0x7f80, 0xff7f, 0x7149], np.uint16)}[dtype]
+    for c in (lanes // 2 + 1, lanes + 3, 2 * lanes + lanes // 2, 3 * lanes - 2):
+        padded = -(-c // lanes) * lanes
+        for n, *spatial in SPATIAL[:3]:
+            logical = _adversarial((n, c, *spatial), dtype, rng)
+            full = np.concatenate([logical, np.zeros((n, padded - c, *spatial), logical.dtype)], 1)
+            pad = full[:, c:].view(junk.dtype)
+            pad[...] = rng.choice(junk, size=pad.shape)
+            attrs = dict(spec.attrs, axis=1, nchwc_block=lanes, nchwc_channels=c)
+            x = _stored(full, lanes)
+            before = x.view(junk.dtype).copy()
+            with cpu_path(isa):
+                got = nat(x, dtype=bf, threads=2, **attrs)
+            want = ref(x, dtype=bf, **attrs)
+            ctx = f"{config} L={lanes} c={c} {dtype} {full.shape} {isa}"
+            assert_bits_equal(got, want, ctx)
+            # the definition, independently of the reference's NCHWc code
+            plain = ref(logical, dtype=bf, **spec.attrs, axis=1)
+            expect = np.concatenate([plain, np.zeros((n, padded - c, *spatial), plain.dtype)], 1)
+            assert_bits_equal(want, _stored(expect, lanes), ctx + " (reference)")
+            assert np.array_equal(x.view(junk.dtype), before), "the input was changed"
+
+
 def test_empty_and_rank_two_inputs():
     for shape in [(0, 16, 3, 3), (2, 0, 3), (1, 16, 0, 4)]:
         x = np.zeros(shape, np.float32)
@@ -203,6 +243,10 @@ BAD = [
      (1, 48, 2, 2), ["sub_block_size"]),
     (dict(nchwc_block=8, bfp_method="to_bfp_prime", block_size=24, sub_block_size=12),
      (1, 48, 2, 2), ["sub_block_size"]),
+    (dict(nchwc_channels=12), (1, 16, 2, 2), ["nchwc_channels", "nchwc_block"]),
+    (dict(nchwc_block=8, nchwc_channels=16), (1, 24, 2, 2), ["nchwc_channels", "16"]),
+    (dict(nchwc_block=8, nchwc_channels=25), (1, 24, 2, 2), ["nchwc_channels", "24"]),
+    (dict(nchwc_block=8, nchwc_channels=-1), (1, 24, 2, 2), ["nchwc_channels"]),
 ]
 
 

@@ -100,6 +100,12 @@ AttrSpec nchwc_block_attr() {
                   "onnxruntime's NCHWc layout)");
 }
 
+AttrSpec nchwc_channels_attr() {
+  return int_attr("nchwc_channels", 0, 0, std::nullopt,
+                  "0 (every channel), or with nchwc_block the input's real channel count (the "
+                  "others are padding of onnxruntime's NCHWc layout)");
+}
+
 }  // namespace
 
 const std::vector<AttrSpec>& attributes_of(OpKind kind) {
@@ -116,6 +122,7 @@ const std::vector<AttrSpec>& attributes_of(OpKind kind) {
       int_attr("use_compiler_version_cpu_kernel", 0, 0, 0,
                "0 (the compiler-version kernel is not implemented yet)"),
       nchwc_block_attr(),
+      nchwc_channels_attr(),
   };
   static const std::vector<AttrSpec> mx = {
       string_attr("element_dtype", "int8", mx_format_names()),
@@ -123,6 +130,7 @@ const std::vector<AttrSpec>& attributes_of(OpKind kind) {
       block_size_attr(32),
       rounding_mode_attr(),
       nchwc_block_attr(),
+      nchwc_channels_attr(),
   };
   static const std::vector<AttrSpec> linear = {int_attr("axis", 1)};
   switch (kind) {
@@ -255,6 +263,10 @@ QdqParams parse_block_attributes(OpKind kind, const std::string& op, const Attri
                ") or is a multiple of it");
   }
   p.nchwc_block = static_cast<int>(nchwc);
+  p.nchwc_channels = r.checked_int("nchwc_channels");
+  if (p.nchwc_channels > 0 && nchwc == 0)
+    fail(op, "nchwc_channels", std::to_string(p.nchwc_channels),
+         "0 without nchwc_block (it counts the real channels of an NCHWc input)");
   if (kind == OpKind::kMx) {
     p.method = Method::kMx;
     const std::string name = r.checked_string("element_dtype");
@@ -340,7 +352,22 @@ Geometry make_block_geometry(const std::string& op, const std::vector<int64_t>& 
     throw InvalidArgument{op + ": attribute 'nchwc_block' = " + std::to_string(L) +
                           " needs a channel count (input dimension 1) that is a multiple of it; "
                           "the input has " + std::to_string(shape[1]) + " channels"};
+  const int64_t C = shape[1];
+  const int64_t real = p.nchwc_channels > 0 ? p.nchwc_channels : C;
+  if (real <= C - L || real > C)
+    throw InvalidArgument{op + ": attribute 'nchwc_channels' = " + std::to_string(p.nchwc_channels) +
+                          " must be more than " + std::to_string(C - L) + " and at most " +
+                          std::to_string(C) + " (the input has " + std::to_string(C) +
+                          " channels, nchwc_block = " + std::to_string(L) + ")"};
   Geometry g = make_geometry(op, shape, 1);
+  if (real < C) {
+    g.padding.batches = shape[0];
+    g.padding.groups = C / L;
+    g.padding.lanes = L;
+    g.padding.real = real - (C / L - 1) * L;
+    g.padding.pixels = 1;
+    for (size_t i = 2; i < shape.size(); ++i) g.padding.pixels *= shape[i];
+  }
   if (g.num_elements == 0 || g.identity || L == 1) return g;
   if (p.block_size <= L) {
     // Every block is block_size consecutive floats of one NCHWc block, in channel order

@@ -36,6 +36,9 @@ struct QdqParams {
   // nchwc_block (our extension): 0 for the plain layout; L > 0: the input is stored in
   // onnxruntime's blocked NCHWc layout with blocks of L channels (see make_block_geometry).
   int nchwc_block = 0;
+  // nchwc_channels (our extension, with nchwc_block): the input's real channels (0: all of
+  // them); the others are the NCHWc layout's padding (see make_block_geometry).
+  int64_t nchwc_channels = 0;
 };
 
 // ------------------------------------------------------------------------------------------
@@ -146,11 +149,19 @@ int64_t parse_linear_attributes(OpKind kind, const std::string& op, const Attrib
 // length = C / L, inner = pixels * L], channel c of a pixel at row c / L, lane c % L of the
 // pixel's L adjacent columns; a block is block_size / L consecutive rows (fewer for the last)
 // times the L aligned columns of one pixel. Only the CPU kernels walk this view.
+// The padding channels of an NCHWc input (nchwc_channels = c below the channel count C):
+// memory [batches, groups = C / lanes, pixels, lanes], in which the last group's lanes from
+// `real` = c - (groups - 1) * lanes on are padding. real == 0: no padding.
+struct NchwcPadding {
+  int64_t batches = 0, groups = 0, pixels = 0, lanes = 0, real = 0;
+};
+
 struct Geometry {
   int64_t outer = 0, length = 0, inner = 0;
   int64_t num_elements = 0;
   bool identity = false;
   int64_t lanes = 1;
+  NchwcPadding padding;  // only the CPU kernels take padding (quantize_dequantize, qdq_cpu.cc)
 
   int64_t blocks_along(int block_size) const { return (length + block_size - 1) / block_size; }
 };
@@ -166,7 +177,10 @@ Geometry make_geometry(const std::string& op_name, const std::vector<int64_t>& s
 // shape[1] a multiple of L; blocks of block_size consecutive channels of one pixel are then
 // read in the NCHWc memory order [N, C / L, d2, ..., L]: a view with lanes = L when
 // block_size is a multiple of L larger than L, else (L a multiple of block_size) the plain
-// flat view, in which every block is block_size consecutive floats already. Throws
+// flat view, in which every block is block_size consecutive floats already. With
+// nchwc_channels = c (C - L < c <= C) below C, `padding` describes the C - c padding channels
+// of the last group; the view is that of all C channels (the CPU kernel zeroes the padding
+// first: zeros change no block of the real channels, and blocks of zeros give +0). Throws
 // InvalidArgument naming `op_name`.
 Geometry make_block_geometry(const std::string& op_name, const std::vector<int64_t>& shape,
                              const QdqParams& p);

@@ -161,9 +161,54 @@ void run_serial(int64_t n_tasks, const std::function<void(int64_t)>& body) {
   for (int64_t i = 0; i < n_tasks; ++i) body(i);
 }
 
+namespace {
+
+// dst = src with the padding channels of an NCHWc input (pad) set to +0, as bit patterns of U
+// (the element's size); full_groups: also copy the channel groups without padding, else write
+// only each batch's last group. A task per channel group of a batch.
+template <class U>
+void zero_padding(const U* src, U* dst, const NchwcPadding& pad, bool full_groups,
+                  const TaskRunner& run) {
+  const int64_t plane = pad.pixels * pad.lanes;
+  run_tasks(run, pad.batches * pad.groups, [&](int64_t k) {
+    const U* s = src + k * plane;
+    U* d = dst + k * plane;
+    if (k % pad.groups != pad.groups - 1) {
+      if (full_groups) std::memcpy(d, s, static_cast<size_t>(plane) * sizeof(U));
+      return;
+    }
+    const int64_t lane_mask = pad.lanes - 1, real = pad.real;  // (lanes: a power of two)
+    for (int64_t i = 0; i < plane; ++i) d[i] = (i & lane_mask) < real ? s[i] : U{0};
+  });
+}
+
+void zero_padding(DType t, const void* src, void* dst, const NchwcPadding& pad, bool full_groups,
+                  const TaskRunner& run) {
+  if (t == DType::kFloat32)
+    zero_padding(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), pad, full_groups, run);
+  else
+    zero_padding(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), pad, full_groups, run);
+}
+
+}  // namespace
+
 void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                          const TaskRunner& run) {
   if (g.num_elements == 0) return;
+  if (g.padding.real > 0) {
+    // An NCHWc input with padding channels (nchwc_channels): the walk reads a copy in the
+    // output with the padding zeroed, in place (each walk reads every element of a block
+    // before it writes any, and blocks do not overlap). +0 changes no maximum of the real
+    // channels' blocks, and blocks of padding alone give +0, what ReorderInput writes there;
+    // but to_bfp_prime turns a whole block with Inf or NaN into NaN, padding included, so its
+    // padding is zeroed again afterwards.
+    Geometry walk = g;
+    walk.padding = NchwcPadding{};
+    zero_padding(t, x, y, g.padding, true, run);
+    quantize_dequantize(p, t, y, y, walk, run);
+    if (p.method == Method::kToBfpPrime) zero_padding(t, y, y, g.padding, false, run);
+    return;
+  }
   if (g.identity) {
     switch (t) {
       case DType::kFloat32: copy_identity<Float32>(x, y, p.bf16_first); break;
