@@ -62,10 +62,16 @@ def _check(op, attrs, x, dtype, isa, context):
     assert_bits_equal(got, want, context)
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("lanes", [8, 16])
-@pytest.mark.parametrize("config", CONFIGS)
+def _every_config_lanes_dtype_path(test):
+    """The test parametrised over every BFP / MX configuration, L = 8 and 16, the three dtypes
+    and every CPU path."""
+    for name, values in [("isa", ISAS), ("dtype", ["float32", "float16", "bfloat16"]),
+                         ("lanes", [8, 16]), ("config", CONFIGS)]:
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
+@_every_config_lanes_dtype_path
 def test_configs_match_reference(config, lanes, dtype, isa):
     spec = formats.CONFIGS[config]
     rng = np.random.default_rng(zlib.crc32(f"{config} {lanes} {dtype}".encode()))
@@ -184,10 +190,7 @@ def test_through_onnxruntime(config, dtype):
 # the padding's results are +0. Channel counts below one group, a group and a bit, blocks cut
 # short by the last real channel; the kernel copies the input with the padding zeroed into the
 # output and works there in place (qdq_cpu.cc).
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("lanes", [8, 16])
-@pytest.mark.parametrize("config", CONFIGS)
+@_every_config_lanes_dtype_path
 def test_padding_channels_are_left_out(config, lanes, dtype, isa):
     spec = formats.CONFIGS[config]
     nat, ref = native_and_reference(spec.op)
