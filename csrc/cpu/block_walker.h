@@ -215,7 +215,7 @@ struct PrimeLanes {
   }
   // Every sub-block by one addition, its add and sat straight from its exponent.
   MXOPS_VINL auto fast_mask(I s) const { return bfp_prime_addition_block(field(s), m); }
-  MXOPS_VINL bool fast(I s) const { return Mode == kHalfEven && L::all(fast_mask(s)); }
+  MXOPS_VINL bool fast(I s) const { return kFastMode && L::all(fast_mask(s)); }
   MXOPS_VINL Fast fast_params(I s, I sub) const {
     return bfp_prime_addition_params_in_place(s, sub, shift_bits, m);
   }
@@ -484,32 +484,28 @@ struct Walker {
   // two), else for blocks of one vector blocks_of_vectors. false, nothing stored, where none
   // applies; the caller then walks the W blocks one by one.
   MXOPS_VINL bool span_blocks(int kNv, const Pol& pol, const T* p, T* q) const {
-    if constexpr (W > 1) {
-      bool done = false;
-      if constexpr (Pol::kPlain > 0 && !Pol::kSubBlocks) {
+    if constexpr (W == 1) {
+      return false;
+    } else if constexpr (Pol::kSubBlocks) {
+      if (sub != 2) return false;
+      switch (kNv) {
+        case 1: return blocks_sub<1>(pol, p, q);
+        case 2: return blocks_sub<2>(pol, p, q);
+        case 4: return blocks_sub<4>(pol, p, q);
+      }
+      return false;
+    } else {
+      if constexpr (Pol::kPlain > 0) {
         switch (kNv) {
-          case 1: done = blocks_plain<1>(pol, p, q); break;
-          case 2: done = blocks_plain<2>(pol, p, q); break;
-          case 4: done = blocks_plain<4>(pol, p, q); break;
+          case 1: if (blocks_plain<1>(pol, p, q)) return true; break;
+          case 2: return blocks_plain<2>(pol, p, q);
+          case 4: return blocks_plain<4>(pol, p, q);
         }
       }
-      if constexpr (Pol::kSubBlocks) {
-        if (sub == 2) {
-          switch (kNv) {
-            case 1: done = blocks_sub<1>(pol, p, q); break;
-            case 2: done = blocks_sub<2>(pol, p, q); break;
-            case 4: done = blocks_sub<4>(pol, p, q); break;
-          }
-        }
-      } else {
-        if (!done && kNv == 1) {
-          blocks_of_vectors(pol, p, q);
-          done = true;
-        }
-      }
-      return done;
+      if (kNv != 1) return false;
+      blocks_of_vectors(pol, p, q);
+      return true;
     }
-    return false;
   }
 
   // Blocked axis innermost, blocks of a power-of-two size and (to_bfp_prime) sub-blocks of a
