@@ -161,6 +161,39 @@ def test_outer_column_walk_near_the_clamp(config, isa):
         assert_bits_equal(got, ref(x, **attrs), f"{config} {shape} {isa}")
 
 
+# Blocked axis outer, the column walk of the plain form's policies: two column vectors at a
+# time, the next two's first pass inside this pair's second (block_walker.h,
+# column_pairs_pipelined). Neighbouring pairs take the rounding alone, with the clamp, the
+# fast form (a -0 or a negative subnormal in a block) or column_blocks (Inf / NaN, blocks too
+# tiny or too large for the fast form); rows of 70 columns leave an odd vector and a tail.
+# Every path against the numpy reference.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MXINT8", "BFP16", "MXFP8E4M3", "MXFP4E2M1"])
+def test_outer_column_pairs_mixed_forms(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(11 * len(config) + len(dtype))
+    bs = spec.attrs["block_size"]
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, -(2.0**-140), 3.0e38], np.float32)
+    for rows, cols in [(64, 256), (96, 300), (2 * bs, 70), (200, 192)]:
+        for data in ("scales", "clamp", "normal"):
+            if data == "scales":  # a power-of-two scale per block (down axis 0)
+                x = np.ascontiguousarray(_blocks_at_scales((cols, rows), bs, rng).T)
+            elif data == "clamp":
+                x = _near_clamp_blocks((rows, cols), bs, rng)
+            else:
+                x = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+            x = _sprinkled(x, specials, 400, rng)
+            f16_scale = np.float32(2.0**-112 if data == "scales" else 1.0)
+            xs, bf = _as_dtype(x, dtype, f16_scale)
+            attrs = dict(spec.attrs, axis=0)
+            with cpu_path(isa), np.errstate(over="ignore"):
+                got = nat(xs, dtype=bf, threads=2, **attrs)
+            assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                              f"{config} {dtype} {(rows, cols)} {data} {isa}")
+
+
 # The blocked axis innermost: W blocks at a time take the rounding alone or with the clamp
 # where all of them are finite and free of negative zeros and subnormals (block_walker.h,
 # blocks_plain), else the general walk. Rows of blocks near the clamp (W blocks of one, two or
