@@ -163,10 +163,11 @@ def test_outer_column_walk_near_the_clamp(config, isa):
 
 # Blocked axis outer, the column walk of the plain form's policies: two column vectors at a
 # time, the next two's first pass inside this pair's second (block_walker.h,
-# column_pairs_pipelined). Neighbouring pairs take the rounding alone, with the clamp, the
-# fast form (a -0 or a negative subnormal in a block) or column_blocks (Inf / NaN, blocks too
-# tiny or too large for the fast form); rows of 70 columns leave an odd vector and a tail.
-# Every path against the numpy reference.
+# column_pairs_pipelined), with the rows read again or kept (rows 2 KiB apart; 4 KiB for
+# blocks of 8). Neighbouring pairs take the rounding alone, with the clamp, the fast form (a
+# -0 or a negative subnormal in a block) or column_blocks (Inf / NaN, blocks too tiny or too
+# large for the fast form); rows of 70 columns leave an odd vector and a tail. Every path
+# against the numpy reference.
 @pytest.mark.parametrize("isa", ["scalar"] + ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("config", ["MXINT8", "BFP16", "MXFP8E4M3", "MXFP4E2M1"])
@@ -176,7 +177,7 @@ def test_outer_column_pairs_mixed_forms(config, dtype, isa):
     rng = np.random.default_rng(11 * len(config) + len(dtype))
     bs = spec.attrs["block_size"]
     specials = np.array([np.nan, np.inf, -np.inf, -0.0, -(2.0**-140), 3.0e38], np.float32)
-    for rows, cols in [(64, 256), (96, 300), (2 * bs, 70), (200, 192)]:
+    for rows, cols in [(64, 256), (96, 300), (2 * bs, 70), (200, 192), (96, 512), (64, 1024)]:
         for data in ("scales", "clamp", "normal"):
             if data == "scales":  # a power-of-two scale per block (down axis 0)
                 x = np.ascontiguousarray(_blocks_at_scales((cols, rows), bs, rng).T)

@@ -962,33 +962,62 @@ struct Walker {
   // policies (Pol::kPlain > 0), software-pipelined: the first pass of the next two vectors
   // (their greatest magnitudes, read from L2) runs inside the second pass of these two (their
   // rows again, from L1, and the stores), so that the misses of both overlap instead of
-  // alternating. Two vectors whose blocks hold Inf or NaN or refuse the fast form take
-  // column_blocks. Measured on the classifier's NCHW activation shapes (Zen 4, one thread,
-  // the walker called directly, xNeg): MXINT8 0.53-0.64 -> 0.62-0.75 with AVX-512 and
-  // 0.60-0.63 -> 0.60-0.66 with AVX2; BFP16 0.53-0.59 -> 0.58-0.65; MXFP8E4M3 0.43-0.53 ->
-  // 0.50-0.58. (Four vectors at a time measured slower; so did the same pipelining of the
-  // sub-block walk, whose second pass is bound by its arithmetic.)
-  template <int64_t kN>
+  // alternating. kKeep (n fixed at compile time): the first pass copies the rows into a local
+  // buffer, one per pair in flight, which the second pass reads (see column_walk). Two vectors
+  // whose blocks hold Inf or NaN or refuse the fast form take column_blocks. Measured on the
+  // classifier's NCHW activation shapes (Zen 4, one thread, the walker called directly, xNeg):
+  // MXINT8 0.53-0.65 -> 0.73-0.91 with AVX-512 and 0.52-0.73 -> 0.56-0.82 with AVX2; BFP16
+  // 0.48-0.63 -> 0.51-0.77; MXFP8E4M3 0.39-0.67 -> 0.45-0.64. Kept rows (rows 2 KiB apart,
+  // AVX-512): MXINT8 [512, 512] 0.41 -> 0.52, BFP16 0.49 -> 0.57, MXFP8E4M3 0.45 -> 0.51.
+  // (Four vectors at a time measured slower; so did the same pipelining of the sub-block walk,
+  // whose second pass is bound by its arithmetic.)
+  template <int64_t kN, bool kKeep>
   MXOPS_VINL void column_pairs_pipelined(const Pol& pol, const T* px, T* py, int64_t n_rows,
                                          int64_t inner, int64_t nv) const {
     static_assert(Pol::kPlain > 0, "the plain form's policies");
+    static_assert(!kKeep || kN > 0, "kept rows need n fixed at compile time");
     constexpr int kCols = 2, kPlain = Pol::kPlain;
     const int64_t n = kN > 0 ? kN : n_rows;
+    F keep[kKeep ? 2 : 1][kKeep ? kN * kCols : 1];
+    // Row j of the first pass of the two vectors at p: into their greatest magnitudes am and
+    // least bit patterns bm, and (kKeep) into kp.
+    auto first_row = [&](const T* p, int64_t j, F* kp, I* am, I* bm) {
+      for (int c = 0; c < kCols; ++c) {
+        const F xv = load(p + c * W);
+        if constexpr (kKeep) kp[j * kCols + c] = xv;
+        const I bits = as_int(f2u(xv));
+        am[c] = imax(am[c], bits & 0x7fffffff);
+        if constexpr (kPlain > 1) bm[c] = imin(bm[c], bits);
+      }
+    };
+    auto first_start = [&](I* am, I* bm) {
+      for (int c = 0; c < kCols; ++c) {
+        am[c] = splat<I>(0);
+        if constexpr (kPlain > 1) bm[c] = splat<I>(INT32_MAX);
+      }
+    };
+    auto first_pass = [&](const T* p, F* kp, I* am, I* bm) {
+      first_start(am, bm);
+#pragma GCC unroll 2
+      for (int64_t j = 0; j < n; ++j, p += inner) first_row(p, j, kp, am, bm);
+    };
     I a[kCols], bmin[kCols];  // the first pass of the two vectors at v
+    int cur = 0;              // (kKeep) their rows' buffer
     int64_t v = 0;
-    if (nv >= kCols) column_magnitudes<kCols>(px, n, inner, a, bmin);
-    for (; v + kCols <= nv; v += kCols) {
+    if (nv >= kCols) first_pass(px, keep[0], a, bmin);
+    for (; v + kCols <= nv; v += kCols, cur = kKeep ? 1 - cur : 0) {
       const T* const col = px + v * W;
       T* const out = py + v * W;
       const T* const next_col = v + 2 * kCols <= nv ? col + kCols * W : nullptr;
+      F* const next_keep = keep[kKeep ? 1 - cur : 0];
       I next_a[kCols], next_bmin[kCols];
       I s[kCols];
       for (int c = 0; c < kCols; ++c) s[c] = pol.exponent_of_magnitude(a[c]);
       auto usable = magnitude_finite(a[0]) & pol.fast_mask(s[0]);
       for (int c = 1; c < kCols; ++c) usable = usable & magnitude_finite(a[c]) & pol.fast_mask(s[c]);
       if (!L::all(usable)) {
-        column_blocks<kN, kCols>(pol, col, out, n, inner);
-        if (next_col) column_magnitudes<kCols>(next_col, n, inner, next_a, next_bmin);
+        column_blocks<kN, kCols, kKeep>(pol, col, out, n, inner);
+        if (next_col) first_pass(next_col, next_keep, next_a, next_bmin);
       } else {
         typename Pol::Fast prm[kCols];
         for (int c = 0; c < kCols; ++c) prm[c] = pol.fast_params(s[c], s[c]);
@@ -996,25 +1025,21 @@ struct Walker {
         auto rows = [&](auto apply) {
           const T* p = col;
           T* q = out;
+          auto second_row = [&](int64_t j) {
+            for (int c = 0; c < kCols; ++c)
+              store(q + c * W, apply(row_vector<kCols, kKeep>(keep[cur], p, j, c), c));
+          };
           if (!next_col) {
 #pragma GCC unroll 4
-            for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
-              for (int c = 0; c < kCols; ++c) store(q + c * W, apply(load(p + c * W), c));
+            for (int64_t j = 0; j < n; ++j, p += inner, q += inner) second_row(j);
             return;
           }
-          for (int c = 0; c < kCols; ++c) {
-            next_a[c] = splat<I>(0);
-            if constexpr (kPlain > 1) next_bmin[c] = splat<I>(INT32_MAX);
-          }
+          first_start(next_a, next_bmin);
           const T* pn = next_col;
 #pragma GCC unroll 4
           for (int64_t j = 0; j < n; ++j, p += inner, q += inner, pn += inner) {
-            for (int c = 0; c < kCols; ++c) {
-              const I bits = as_int(f2u(load(pn + c * W)));
-              next_a[c] = imax(next_a[c], bits & 0x7fffffff);
-              if constexpr (kPlain > 1) next_bmin[c] = imin(next_bmin[c], bits);
-            }
-            for (int c = 0; c < kCols; ++c) store(q + c * W, apply(load(p + c * W), c));
+            first_row(pn, j, next_keep, next_a, next_bmin);
+            second_row(j);
           }
         };
         bool plain = true, unclamped = true;
@@ -1028,7 +1053,7 @@ struct Walker {
       if constexpr (kPlain > 1)
         for (int c = 0; c < kCols; ++c) bmin[c] = next_bmin[c];
     }
-    if (v < nv) column_blocks<kN, 1>(pol, px + v * W, py + v * W, n, inner);
+    if (v < nv) column_blocks<kN, 1, kKeep>(pol, px + v * W, py + v * W, n, inner);
   }
 
   template <int64_t kN, bool kKeep = false>
@@ -1038,8 +1063,8 @@ struct Walker {
     if constexpr (Pol::kSubBlocks) {
       for (; v + 2 <= nv; v += 2) column_sub_blocks<kN, 2, kKeep>(pol, px + v * W, py + v * W, n, inner, sub);
       if (v < nv) column_sub_blocks<kN, 1, kKeep>(pol, px + v * W, py + v * W, n, inner, sub);
-    } else if constexpr (Pol::kPlain > 0 && !kKeep && W > 1) {
-      column_pairs_pipelined<kN>(pol, px, py, n, inner, nv);
+    } else if constexpr (Pol::kPlain > 0 && W > 1 && (!kKeep || kN > 0)) {
+      column_pairs_pipelined<kN, kKeep>(pol, px, py, n, inner, nv);
     } else {
       for (; v + 2 <= nv; v += 2) column_blocks<kN, 2, kKeep>(pol, px + v * W, py + v * W, n, inner);
       if (v < nv) column_blocks<kN, 1, kKeep>(pol, px + v * W, py + v * W, n, inner);
