@@ -190,18 +190,17 @@ def test_through_onnxruntime(config, dtype):
 # the padding's results are +0. Channel counts below one group, a group and a bit, blocks cut
 # short by the last real channel; the kernel copies the input with the padding zeroed into the
 # output and works there in place (qdq_cpu.cc).
-@_every_config_lanes_dtype_path
-def test_padding_channels_are_left_out(config, lanes, dtype, isa):
+def _check_padding(config, lanes, dtype, isa, channels, spatials, seed):
     spec = formats.CONFIGS[config]
     nat, ref = native_and_reference(spec.op)
-    rng = np.random.default_rng(zlib.crc32(f"pad {config} {lanes} {dtype}".encode()))
+    rng = np.random.default_rng(zlib.crc32(f"{seed} {config} {lanes} {dtype}".encode()))
     bf = "bfloat16" if dtype == "bfloat16" else None
     junk = {"float32": np.array([np.nan, np.inf, -3e38, 1e30], np.float32).view(np.uint32),
             "float16": np.array([np.nan, np.inf, -6e4, 1e4], np.float16).view(np.uint16),
             "bfloat16": np.array([0x7fc0, 0x7f80, 0xff7f, 0x7149], np.uint16)}[dtype]
-    for c in (lanes // 2 + 1, lanes + 3, 2 * lanes + lanes // 2, 3 * lanes - 2):
+    for c in channels:
         padded = -(-c // lanes) * lanes
-        for n, *spatial in SPATIAL[:3]:
+        for n, *spatial in spatials:
             logical = _adversarial((n, c, *spatial), dtype, rng)
             full = np.concatenate([logical, np.zeros((n, padded - c, *spatial), logical.dtype)], 1)
             pad = full[:, c:].view(junk.dtype)
@@ -219,6 +218,25 @@ def test_padding_channels_are_left_out(config, lanes, dtype, isa):
             expect = np.concatenate([plain, np.zeros((n, padded - c, *spatial), plain.dtype)], 1)
             assert_bits_equal(want, _stored(expect, lanes), ctx + " (reference)")
             assert np.array_equal(x.view(junk.dtype), before), "the input was changed"
+
+
+@_every_config_lanes_dtype_path
+def test_padding_channels_are_left_out(config, lanes, dtype, isa):
+    _check_padding(config, lanes, dtype, isa,
+                   (lanes // 2 + 1, lanes + 3, 2 * lanes + lanes // 2, 3 * lanes - 2), SPATIAL[:3],
+                   "pad")
+
+
+# Planes large enough for several work units per block (12 x 96 pixels: up to 18432 columns),
+# two batches, on two threads; the padded group alone in its block (L + 3) or beside real
+# groups (5 L + 3), 4- and 2-byte elements.
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_padding_channels_large_planes(config, lanes, dtype, isa):
+    _check_padding(config, lanes, dtype, isa, (lanes + 3, 5 * lanes + 3), [(2, 12, 96)],
+                   "pad large")
 
 
 def test_empty_and_rank_two_inputs():

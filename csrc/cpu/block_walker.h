@@ -165,17 +165,14 @@ struct BfpLanes {
   }
   // The plain form (the clamp alone, numerics.h) of a block that allows it: kPlain 0 none,
   // 1 decided on the block's least key, 2 on that and its least bit pattern (as signed);
-  // plain() with the block's parameters, plain_any() for any parameters of the fast form.
+  // plain_any() for any parameters of the fast form.
   static constexpr int kPlain = kDirect ? 2 : 0;
-  MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
-    return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
-  }
   MXOPS_VINL bool plain_any(K min_key, I min_bits) const {
     return L::all(keys_all_finite(min_key) & no_negative_tiny(min_bits));
   }
   MXOPS_VINL F apply_plain(F x, const Fast& p) const { return direct_round_element_plain(x, p); }
   // Blocks known finite from their greatest magnitude `a` (the outer walks' first pass):
-  // exponent and plain() from it, and unclamped(): the plain form without its clamp.
+  // exponent and plain_finite() from it, and unclamped(): the plain form without its clamp.
   MXOPS_VINL I exponent_of_magnitude(I a) const { return finite_exponent_of_magnitude(a); }
   MXOPS_VINL bool plain_finite(const Fast& p, I min_bits) const {
     return L::all(direct_round_plain_block(min_bits, p));
@@ -263,10 +260,6 @@ struct MxLanes {
     else return mx_element<Mode, Kind>(x, p, element);
   }
   static constexpr int kPlain = kDirect ? 1 : kIntDirect ? 2 : 0;
-  MXOPS_VINL bool plain(const Fast& p, K min_key, I min_bits) const {
-    if constexpr (kIntDirect) return L::all(keys_all_finite(min_key) & direct_round_plain_block(min_bits, p));
-    else return L::all(keys_all_finite(min_key));
-  }
   MXOPS_VINL bool plain_any(K min_key, I min_bits) const {
     if constexpr (kIntDirect) return L::all(keys_all_finite(min_key) & no_negative_tiny(min_bits));
     else return L::all(keys_all_finite(min_key));
@@ -651,22 +644,10 @@ struct Walker {
     if (fast) {
       typename Pol::Fast prm[kTileVectors];
       for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
-      auto rows = [&](const auto& apply) {
+      with_fast_form(pol, prm, nv, a, bmin, [&](const auto& apply) {
         if (nv == kTileVectors) return block_rows<kTileVectors>(px, py, n, inner, nv, apply);
         block_rows(px, py, n, inner, nv, apply);
-      };
-      if constexpr (Pol::kPlain > 0) {
-        bool plain = a != nullptr;
-        for (int64_t v = 0; plain && v < nv; ++v) plain = pol.plain_finite(prm[v], bmin[v]);
-        if (plain) {
-          bool unclamped = true;
-          for (int64_t v = 0; v < nv; ++v) unclamped = unclamped && pol.unclamped(prm[v], a[v]);
-          if (unclamped)
-            return rows([&](F x, int64_t v) { return pol.apply_unclamped(x, prm[v]); });
-          return rows([&](F x, int64_t v) { return pol.apply_plain(x, prm[v]); });
-        }
-      }
-      rows([&](F x, int64_t v) { return pol.apply_fast(x, prm[v]); });
+      });
     } else {
       Params prm[kTileVectors];
       for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
@@ -805,19 +786,51 @@ struct Walker {
   template <int kCols>
   static MXOPS_VINL void column_magnitudes(const T* p, int64_t n, int64_t inner, I* a, I* bmin,
                                            int64_t cols = kCols) {
-    constexpr int kPlain = Pol::kPlain;
     const int64_t nc = kCols > 0 ? kCols : cols;
+    magnitudes_start(nc, a, bmin);
+#pragma GCC unroll 2
+    for (int64_t j = 0; j < n; ++j, p += inner) magnitudes_row(p, nc, a, bmin);
+  }
+
+  // column_magnitudes' start for nc column vectors, and one row of it: the nc vectors from p
+  // into a and bmin, and (kKeep) into keep[0..nc).
+  static MXOPS_VINL void magnitudes_start(int64_t nc, I* a, I* bmin) {
     for (int64_t c = 0; c < nc; ++c) {
       a[c] = splat<I>(0);
-      if constexpr (kPlain > 1) bmin[c] = splat<I>(INT32_MAX);
+      if constexpr (Pol::kPlain > 1) bmin[c] = splat<I>(INT32_MAX);
     }
-#pragma GCC unroll 2
-    for (int64_t j = 0; j < n; ++j, p += inner)
-      for (int64_t c = 0; c < nc; ++c) {
-        const I bits = as_int(f2u(load(p + c * W)));
-        a[c] = imax(a[c], bits & 0x7fffffff);
-        if constexpr (kPlain > 1) bmin[c] = imin(bmin[c], bits);
+  }
+  template <bool kKeep = false>
+  static MXOPS_VINL void magnitudes_row(const T* p, int64_t nc, I* a, I* bmin, F* keep = nullptr) {
+    for (int64_t c = 0; c < nc; ++c) {
+      const F xv = load(p + c * W);
+      if constexpr (kKeep) keep[c] = xv;
+      const I bits = as_int(f2u(xv));
+      a[c] = imax(a[c], bits & 0x7fffffff);
+      if constexpr (Pol::kPlain > 1) bmin[c] = imin(bmin[c], bits);
+    }
+  }
+
+  // The fast form's element function for nc column vectors with parameters prm, given to
+  // rows(apply) as apply(x, c) for vector c: for the plain form's policies (Pol::kPlain > 0),
+  // where every vector's block is known finite (its greatest magnitude in a[c], a non-null)
+  // and plain (its least bit pattern in bmin[c]), the plain form, without its clamp where no
+  // element reaches it; else apply_fast.
+  template <class Rows>
+  static MXOPS_VINL void with_fast_form(const Pol& pol, const typename Pol::Fast* prm, int64_t nc,
+                                        const I* a, const I* bmin, const Rows& rows) {
+    if constexpr (Pol::kPlain > 0) {
+      bool plain = a != nullptr;
+      for (int64_t c = 0; plain && c < nc; ++c) plain = pol.plain_finite(prm[c], bmin[c]);
+      if (plain) {
+        // Most blocks: no element rounds past the clamp (its greatest magnitude does not).
+        bool unclamped = true;
+        for (int64_t c = 0; c < nc; ++c) unclamped = unclamped && pol.unclamped(prm[c], a[c]);
+        if (unclamped) return rows([&](F x, int64_t c) { return pol.apply_unclamped(x, prm[c]); });
+        return rows([&](F x, int64_t c) { return pol.apply_plain(x, prm[c]); });
       }
+    }
+    rows([&](F x, int64_t c) { return pol.apply_fast(x, prm[c]); });
   }
 
   // Column vector c of row j for the second pass of a column walk: from `keep` (column_keys'
@@ -840,7 +853,7 @@ struct Walker {
     static_assert(!kKeep || kN > 0, "kept rows need n fixed at compile time");
     const int64_t n = kN > 0 ? kN : n_rows;
     constexpr int kPlain = Pol::kPlain;
-    K k[kCols], kmin[kCols] = {};  // (initialised: GCC cannot see that kmin is set where read)
+    K k[kCols], kmin[kCols];  // (kmin: column_keys' least keys, not needed here)
     I a[kCols], bmin[kCols], s[kCols];
     F keep[kKeep ? kN * kCols : 1];
     // The plain form's policies take the greatest magnitudes (3 operations per vector for
@@ -868,35 +881,20 @@ struct Walker {
     __asm__ volatile("" ::: "memory");
     bool fast = true;
     for (int c = 0; c < kCols; ++c) fast = fast && pol.fast(s[c]);
-    const T* p = col;
-    T* q = out;
     if (fast) {
       typename Pol::Fast prm[kCols];
       for (int c = 0; c < kCols; ++c) prm[c] = pol.fast_params(s[c], s[c]);
-      if constexpr (kPlain > 0) {
-        // Plain blocks are finite; a block with Inf or NaN takes the fast form below.
-        bool plain = true;
-        for (int c = 0; c < kCols; ++c)
-          plain = plain && (finite ? pol.plain_finite(prm[c], bmin[c]) : pol.plain(prm[c], kmin[c], bmin[c]));
-        if (plain) {
-          // Most blocks: no element rounds past the clamp (its greatest magnitude does not).
-          bool unclamped = finite;
-          for (int c = 0; c < kCols; ++c) unclamped = unclamped && pol.unclamped(prm[c], a[c]);
-          if (unclamped) {
+      // The plain form where the magnitudes showed every block finite; blocks with Inf or NaN
+      // and kept rows (whose first pass takes the keys) take apply_fast. (The kept rows of the
+      // vector walks come here only for a tile's last odd vector and for column pairs that
+      // refuse the fast form or hold Inf or NaN: column_pairs_pipelined.)
+      with_fast_form(pol, prm, kCols, finite ? a : nullptr, bmin, [&](const auto& apply) {
+        const T* p = col;
+        T* q = out;
 #pragma GCC unroll 4
-            for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
-              for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_unclamped(in(p, j, c), prm[c]));
-            return;
-          }
-#pragma GCC unroll 4
-          for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
-            for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_plain(in(p, j, c), prm[c]));
-          return;
-        }
-      }
-#pragma GCC unroll 4
-      for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
-        for (int c = 0; c < kCols; ++c) store(q + c * W, pol.apply_fast(in(p, j, c), prm[c]));
+        for (int64_t j = 0; j < n; ++j, p += inner, q += inner)
+          for (int c = 0; c < kCols; ++c) store(q + c * W, apply(in(p, j, c), c));
+      });
     } else {
       for (int c = 0; c < kCols; ++c) {
         const Params prm = pol.params(s[c], s[c]);
@@ -976,28 +974,17 @@ struct Walker {
                                          int64_t inner, int64_t nv) const {
     static_assert(Pol::kPlain > 0, "the plain form's policies");
     static_assert(!kKeep || kN > 0, "kept rows need n fixed at compile time");
-    constexpr int kCols = 2, kPlain = Pol::kPlain;
+    constexpr int kCols = 2;
     const int64_t n = kN > 0 ? kN : n_rows;
     F keep[kKeep ? 2 : 1][kKeep ? kN * kCols : 1];
-    // Row j of the first pass of the two vectors at p: into their greatest magnitudes am and
-    // least bit patterns bm, and (kKeep) into kp.
+    // Row j of the first pass of the two vectors at p (column_magnitudes' row): into their
+    // greatest magnitudes am and least bit patterns bm, and (kKeep) into kp.
     auto first_row = [&](const T* p, int64_t j, F* kp, I* am, I* bm) {
-      for (int c = 0; c < kCols; ++c) {
-        const F xv = load(p + c * W);
-        if constexpr (kKeep) kp[j * kCols + c] = xv;
-        const I bits = as_int(f2u(xv));
-        am[c] = imax(am[c], bits & 0x7fffffff);
-        if constexpr (kPlain > 1) bm[c] = imin(bm[c], bits);
-      }
-    };
-    auto first_start = [&](I* am, I* bm) {
-      for (int c = 0; c < kCols; ++c) {
-        am[c] = splat<I>(0);
-        if constexpr (kPlain > 1) bm[c] = splat<I>(INT32_MAX);
-      }
+      if constexpr (kKeep) magnitudes_row<true>(p, kCols, am, bm, kp + j * kCols);
+      else magnitudes_row(p, kCols, am, bm);
     };
     auto first_pass = [&](const T* p, F* kp, I* am, I* bm) {
-      first_start(am, bm);
+      magnitudes_start(kCols, am, bm);
 #pragma GCC unroll 2
       for (int64_t j = 0; j < n; ++j, p += inner) first_row(p, j, kp, am, bm);
     };
@@ -1034,7 +1021,7 @@ struct Walker {
             for (int64_t j = 0; j < n; ++j, p += inner, q += inner) second_row(j);
             return;
           }
-          first_start(next_a, next_bmin);
+          magnitudes_start(kCols, next_a, next_bmin);
           const T* pn = next_col;
 #pragma GCC unroll 4
           for (int64_t j = 0; j < n; ++j, p += inner, q += inner, pn += inner) {
@@ -1042,15 +1029,10 @@ struct Walker {
             second_row(j);
           }
         };
-        bool plain = true, unclamped = true;
-        for (int c = 0; c < kCols; ++c) plain = plain && pol.plain_finite(prm[c], bmin[c]);
-        for (int c = 0; plain && c < kCols; ++c) unclamped = unclamped && pol.unclamped(prm[c], a[c]);
-        if (plain && unclamped) rows([&](F xv, int c) { return pol.apply_unclamped(xv, prm[c]); });
-        else if (plain) rows([&](F xv, int c) { return pol.apply_plain(xv, prm[c]); });
-        else rows([&](F xv, int c) { return pol.apply_fast(xv, prm[c]); });
+        with_fast_form(pol, prm, kCols, a, bmin, rows);
       }
       for (int c = 0; c < kCols; ++c) a[c] = next_a[c];
-      if constexpr (kPlain > 1)
+      if constexpr (Pol::kPlain > 1)
         for (int c = 0; c < kCols; ++c) bmin[c] = next_bmin[c];
     }
     if (v < nv) column_blocks<kN, 1, kKeep>(pol, px + v * W, py + v * W, n, inner);
