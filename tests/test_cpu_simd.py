@@ -39,7 +39,8 @@ CASES = [
 
 # Blocked axis outer: rows 300 / 70 elements apart take the column walk, rows 2 KiB apart
 # (512 float32) the column walk with kept rows for blocks of 16 and 32, rows 4 KiB apart
-# (1024 float32) the tile walk, or kept rows for blocks of 8 (block_walker.h, column_walk).
+# (1024 float32) the tile walk (float32 with AVX-512: with the tile's rows kept), or kept rows
+# for blocks of 8 (block_walker.h, column_walk).
 SHAPES = [((3, 517), 1), ((5, 4096), 1), ((2, 40, 37), 1), ((48, 300), 0), ((33, 70), 0),
           ((64, 512), 0), ((40, 1024), 0), ((2, 19, 3, 17), 1)]
 
@@ -97,13 +98,15 @@ def _run(op, x, dtype, attrs, isa):
 # Blocked axis outer with rows 1, 2 and 4 KiB apart, whose column walks depend on where the
 # output lies against the input (block_walker.h, column_walk): the input at three offsets
 # into its buffer (the output's place is numpy's), every path against the numpy reference.
+# Rows 4 KiB and 8 KiB apart take the tile walk, with AVX-512 its kept-tile form for blocks of
+# 32 and 16 rows (a [48, 2048] tensor of 32-element blocks ends in a 16-row block).
 @pytest.mark.parametrize("isa", ["scalar"] + ISAS)
 @pytest.mark.parametrize("config", ["MXINT8", "MX9", "BFP16", "MXFP4E2M1"])
 def test_outer_column_walks_match_reference(config, isa):
     spec = formats.CONFIGS[config]
     nat, ref = native_and_reference(spec.op)
     rng = np.random.default_rng(len(config))
-    for shape in [(160, 256), (96, 512), (64, 1024)]:
+    for shape in [(160, 256), (96, 512), (64, 1024), (48, 2048)]:
         x = _inputs(shape, "float32", rng)
         attrs = dict(spec.attrs, axis=0)
         want = ref(x, **attrs)

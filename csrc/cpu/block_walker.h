@@ -570,13 +570,13 @@ struct Walker {
   // The sub-blocks of the tile of strided_tile, a sub-block at a time over the tile's nv
   // vectors of columns with block maxima s[v]: the sub-block's maximum and parameters stay in
   // registers, and the rows are read in order. kSub > 0: the sub-block size, fixed at compile
-  // time for whole sub-blocks.
+  // time for whole sub-blocks. The input rows are x_inner apart, the output's inner.
   template <int64_t kSub, bool Fast, bool Normal = false>
-  MXOPS_VINL void tile_sub_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t sub,
-                                  int64_t inner, int64_t nv, const I* s) const {
+  MXOPS_VINL void tile_sub_blocks(const Pol& pol, const T* px, int64_t x_inner, T* py, int64_t n,
+                                  int64_t sub, int64_t inner, int64_t nv, const I* s) const {
     auto rows = [&](int64_t a, auto len_of) {
       const int64_t len = len_of();
-      const T* const row = px + a * inner;
+      const T* const row = px + a * x_inner;
       T* const out = py + a * inner;
       if constexpr (Stream && Fast && kSub > 0) {
         // Every row's results of the tile first, then the rows one after another: streaming
@@ -585,10 +585,10 @@ struct Walker {
           F r[kSub][kTileVectors];
           for (int64_t v = 0; v < nv; ++v) {
             K km = pol.key(load(row + v * W));
-            for (int64_t j = 1; j < kSub; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
+            for (int64_t j = 1; j < kSub; ++j) km = imax(km, pol.key(load(row + j * x_inner + v * W)));
             const auto prm = pol.fast_params(s[v], pol.exponent(km));
             for (int64_t j = 0; j < kSub; ++j) {
-              const F xv = load(row + j * inner + v * W);
+              const F xv = load(row + j * x_inner + v * W);
               if constexpr (Normal) r[j][v] = pol.apply_normal(xv, prm);
               else r[j][v] = pol.apply_fast(xv, prm);
             }
@@ -600,19 +600,19 @@ struct Walker {
       }
       for (int64_t v = 0; v < nv; ++v) {
         K km = pol.key(load(row + v * W));
-        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(row + j * inner + v * W)));
+        for (int64_t j = 1; j < len; ++j) km = imax(km, pol.key(load(row + j * x_inner + v * W)));
         const I sm = pol.exponent(km);
         if constexpr (Fast) {
           const auto prm = pol.fast_params(s[v], sm);
           for (int64_t j = 0; j < len; ++j) {
-            const F xv = load(row + j * inner + v * W);
+            const F xv = load(row + j * x_inner + v * W);
             if constexpr (Normal) store(out + j * inner + v * W, pol.apply_normal(xv, prm));
             else store(out + j * inner + v * W, pol.apply_fast(xv, prm));
           }
         } else {
           const Params prm = pol.params(s[v], sm);
           for (int64_t j = 0; j < len; ++j)
-            store(out + j * inner + v * W, pol.apply(load(row + j * inner + v * W), prm));
+            store(out + j * inner + v * W, pol.apply(load(row + j * x_inner + v * W), prm));
         }
       }
     };
@@ -622,22 +622,27 @@ struct Walker {
     for (; a < n; a += sub) rows(a, [&] { return min64(n - a, sub); });
   }
 
-  // k[0..nv) = maximum key over rows [0, n) from p, per column.
+  // k[0..nv) = maximum key over rows [0, n) from p, per column; kKeep: each row's nv vectors
+  // also into keep, nv vectors per row.
+  template <bool kKeep = false>
   static MXOPS_VINL void column_max(const Pol& pol, const T* p, int64_t n, int64_t inner,
-                                    int64_t nv, K* k) {
-    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(p + v * W));
-    for (int64_t j = 1; j < n; ++j) {
-      const T* row = p + j * inner;
-      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
-    }
+                                    int64_t nv, K* k, F* keep = nullptr) {
+    auto row_vector = [&](int64_t j, int64_t v) {
+      const F xv = load(p + j * inner + v * W);
+      if constexpr (kKeep) keep[j * nv + v] = xv;
+      return xv;
+    };
+    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(row_vector(0, v));
+    for (int64_t j = 1; j < n; ++j)
+      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(row_vector(j, v)));
   }
 
   // Rows [0, n) of a tile without sub-blocks, vector v of every row in the block whose shared
   // exponent is s[v]: the fast form when every vector's block allows it, and within it the
   // plain form (without its clamp where no element reaches it) for blocks known finite from
   // their greatest magnitudes a[v] and least bit patterns bmin[v] (a null where not known).
-  MXOPS_VINL void whole_block_rows(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
-                                   int64_t nv, const I* s, const I* a = nullptr,
+  MXOPS_VINL void whole_block_rows(const Pol& pol, const T* px, int64_t x_inner, T* py, int64_t n,
+                                   int64_t inner, int64_t nv, const I* s, const I* a = nullptr,
                                    const I* bmin = nullptr) const {
     bool fast = true;
     for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
@@ -645,26 +650,27 @@ struct Walker {
       typename Pol::Fast prm[kTileVectors];
       for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
       with_fast_form(pol, prm, nv, a, bmin, [&](const auto& apply) {
-        if (nv == kTileVectors) return block_rows<kTileVectors>(px, py, n, inner, nv, apply);
-        block_rows(px, py, n, inner, nv, apply);
+        if (nv == kTileVectors) return block_rows<kTileVectors>(px, x_inner, py, n, inner, nv, apply);
+        block_rows(px, x_inner, py, n, inner, nv, apply);
       });
     } else {
       Params prm[kTileVectors];
       for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
       for (int64_t j = 0; j < n; ++j) {
-        const T* row = px + j * inner;
+        const T* row = px + j * x_inner;
         T* out = py + j * inner;
         for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
       }
     }
   }
 
-  // Rows [0, n) of a tile, vector v of each through apply(x, v), in rows.
+  // Rows [0, n) of a tile, vector v of each through apply(x, v), in rows: the input's rows
+  // x_inner apart, the output's inner.
   // kNv > 0: nv fixed at compile time (a full tile, kTileVectors), so the loops over the
   // vectors unroll and the results of a row pair stay in registers.
   template <int64_t kNv = 0, class Apply>
-  MXOPS_VINL void block_rows(const T* px, T* py, int64_t n, int64_t inner, int64_t nv_rt,
-                             const Apply& apply) const {
+  MXOPS_VINL void block_rows(const T* px, int64_t x_inner, T* py, int64_t n, int64_t inner,
+                             int64_t nv_rt, const Apply& apply) const {
     const int64_t nv = kNv > 0 ? kNv : nv_rt;
     int64_t j = 0;
     if constexpr (Stream && W == 8) {
@@ -678,7 +684,7 @@ struct Walker {
       for (; j + kRows <= n; j += kRows) {
         F r[kRows][kTileVectors];
         for (int64_t v = 0; v < nv; ++v)
-          for (int64_t i = 0; i < kRows; ++i) r[i][v] = apply(load(px + (j + i) * inner + v * W), v);
+          for (int64_t i = 0; i < kRows; ++i) r[i][v] = apply(load(px + (j + i) * x_inner + v * W), v);
         for (int64_t i = 0; i < kRows; ++i)
           for (int64_t v = 0; v < nv; ++v) store(py + (j + i) * inner + v * W, r[i][v]);
       }
@@ -687,7 +693,7 @@ struct Walker {
     // (measured on Zen 4, 16 Mi elements, MXINT8 / MXFP4E2M1 outer: 0.84 -> 0.86-0.91x Neg
     // against the row pairs above), and the row the pairs leave over.
     for (; j < n; ++j) {
-      const T* row = px + j * inner;
+      const T* row = px + j * x_inner;
       T* out = py + j * inner;
       for (int64_t v = 0; v < nv; ++v) store(out + v * W, apply(load(row + v * W), v));
     }
@@ -717,7 +723,9 @@ struct Walker {
   }
 
   // How strided_tile walks a block of n rows `inner` apart.
-  enum class ColumnWalk { kColumns, kKeptColumns, kTile };
+  enum class ColumnWalk { kColumns, kKeptColumns, kTile, kKeptTile };
+  // kKeptTile is measured (and instantiated) for float32 with AVX-512 only (see column_walk).
+  static constexpr bool kKeptTiles = !Stream && W == 16 && std::is_same_v<T, float>;
 
   // The column walk (column_tile) reads a column's n rows twice (maxima, then results), so
   // they must stay in the L1 cache between the passes, beside the n output lines it writes.
@@ -735,6 +743,16 @@ struct Walker {
   // in the input's sets, one thread, ns per element: MXINT8 at 1 KiB strides 0.26 -> 0.21,
   // at 2 KiB 0.35 -> 0.28; MX9 at 2 KiB 0.32 -> 0.27; BFP16 at 4 KiB 0.42 -> 0.31. At 4 KiB
   // strides MXINT8 and MX9 stay faster with the tile walk (0.38 against 0.42-0.44 kept).
+  // Rows a multiple of 4 KiB apart (one set; [K, N] weights and activations with N a multiple
+  // of 1024 float32) lose the tile walk's second pass to the L2 cache as well: 32 rows of a
+  // tile in the same 8 sets. kKeptTile (float32, AVX-512, 16 or 32 rows) copies the tile's
+  // rows into a local buffer during the first pass, rows in order, 512 bytes of each, and the
+  // second pass reads that. Measured on Zen 4, one thread, the walker called directly, xNeg
+  // tile -> kept tile: MXINT8 [64, 1024] 0.32 -> 0.46-0.48, [1024, 1024] 0.37 -> 0.52,
+  // [2048, 1024] 0.47-0.50 -> 0.58; MXFP8E4M3 0.30-0.37 -> 0.45, 0.36 -> 0.50; MX9 0.33 ->
+  // 0.42-0.44, 0.36-0.37 -> 0.44-0.48. With AVX2 it was no faster (0.35-0.37 both), nor for
+  // BFP16's 8 rows (kept columns: 0.34-0.39 against 0.31), nor at 2 KiB strides ([512, 512]:
+  // 0.52 both; kept columns stay), nor with half-tile rows (AVX2 and AVX-512: slower).
   static MXOPS_VINL ColumnWalk column_walk(int64_t n, int64_t inner, const T* x, const T* y) {
     constexpr int64_t kLine = 64, kSets = 64, kWays = 8;
     const int64_t stride = inner * int64_t(sizeof(T));
@@ -747,16 +765,17 @@ struct Walker {
     const int64_t per_set = (n + sets - 1) / sets * (d % (uint64_t{1} << shift) == 0 ? 2 : 1);
     if (sets >= 4 ? per_set <= kWays : per_set < kWays) return ColumnWalk::kColumns;
     if ((n == 8 || n == 16 || n == 32) && (sets >= 2 || n <= 8)) return ColumnWalk::kKeptColumns;
+    if (kKeptTiles && sets == 1 && (n == 16 || n == 32)) return ColumnWalk::kKeptTile;
     return ColumnWalk::kTile;
   }
 
   // Down n rows `inner` apart from p, per column vector c of kCols (p + c * W): the greatest
-  // key in k[c] and, for the plain form (Pol::kPlain), the least key in kmin[c] and the least
-  // bit pattern (as signed) in bmin[c].
-  template <int kCols, bool kKeep = false>
+  // key in k[c] and, for the plain form (Pol::kPlain) where kMinima, the least key in kmin[c]
+  // and the least bit pattern (as signed) in bmin[c].
+  template <int kCols, bool kKeep = false, bool kMinima = true>
   static MXOPS_VINL void column_keys(const Pol& pol, const T* p, int64_t n, int64_t inner, K* k,
                                      K* kmin, I* bmin, F* keep = nullptr) {
-    constexpr int kPlain = Pol::kPlain;
+    constexpr int kPlain = kMinima ? Pol::kPlain : 0;
     for (int c = 0; c < kCols; ++c) {
       const F xv = load(p + c * W);
       if constexpr (kKeep) keep[c] = xv;
@@ -853,7 +872,7 @@ struct Walker {
     static_assert(!kKeep || kN > 0, "kept rows need n fixed at compile time");
     const int64_t n = kN > 0 ? kN : n_rows;
     constexpr int kPlain = Pol::kPlain;
-    K k[kCols], kmin[kCols];  // (kmin: column_keys' least keys, not needed here)
+    K k[kCols];
     I a[kCols], bmin[kCols], s[kCols];
     F keep[kKeep ? kN * kCols : 1];
     // The plain form's policies take the greatest magnitudes (3 operations per vector for
@@ -869,9 +888,10 @@ struct Walker {
       if (finite)
         for (int c = 0; c < kCols; ++c) s[c] = pol.exponent_of_magnitude(a[c]);
       else
-        column_keys<kCols>(pol, col, n, inner, k, kmin, bmin);
+        column_keys<kCols, false, false>(pol, col, n, inner, k, nullptr, nullptr);
     } else {
-      column_keys<kCols, kKeep>(pol, col, n, inner, k, kmin, bmin, keep);
+      // (the keys path: with_fast_form below takes no magnitudes, so no minima either)
+      column_keys<kCols, kKeep, false>(pol, col, n, inner, k, nullptr, nullptr, keep);
     }
     if (!finite)
       for (int c = 0; c < kCols; ++c) s[c] = pol.exponent(k[c]);
@@ -1060,31 +1080,58 @@ struct Walker {
     const Pol pol = this->pol;
     const T* const px = x + base;
     T* const py = y + base;
-    const int64_t inner = this->inner, sub = this->sub;
+    const int64_t inner = this->inner;
     const int64_t nv = cols / W;
-    if constexpr (!Stream) {
-      const ColumnWalk walk = column_walk(n, inner, x, y);
-      if (walk != ColumnWalk::kTile) {
-        prefetch_next_tile(px, py, n, inner, cols, base % inner);
-        if (walk == ColumnWalk::kKeptColumns) {
-          switch (n) {
-            case 8: column_tile<8, true>(pol, px, py, n, inner, nv); break;
-            case 16: column_tile<16, true>(pol, px, py, n, inner, nv); break;
-            default: column_tile<32, true>(pol, px, py, n, inner, nv); break;
-          }
-        } else {
-          switch (n) {
-            case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
-            case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
-            case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
-            default: column_tile<0>(pol, px, py, n, inner, nv); break;
-          }
+    ColumnWalk walk = ColumnWalk::kTile;
+    if constexpr (!Stream) walk = column_walk(n, inner, x, y);
+    if (walk == ColumnWalk::kKeptTile && nv == kTileVectors) {
+      if constexpr (kKeptTiles) {
+        if (n == 16) kept_tile_walk<16>(px, py, base % inner);
+        else kept_tile_walk<32>(px, py, base % inner);
+      }
+    } else if (walk == ColumnWalk::kTile || walk == ColumnWalk::kKeptTile) {
+      tile_walk<0>(pol, px, py, n, nv, base % inner);
+    } else {
+      prefetch_next_tile(px, py, n, inner, cols, base % inner);
+      if (walk == ColumnWalk::kKeptColumns) {
+        switch (n) {
+          case 8: column_tile<8, true>(pol, px, py, n, inner, nv); break;
+          case 16: column_tile<16, true>(pol, px, py, n, inner, nv); break;
+          default: column_tile<32, true>(pol, px, py, n, inner, nv); break;
         }
-        if constexpr (W > 1)
-          if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
-        return;
+      } else {
+        switch (n) {
+          case 8: column_tile<8>(pol, px, py, n, inner, nv); break;
+          case 16: column_tile<16>(pol, px, py, n, inner, nv); break;
+          case 32: column_tile<32>(pol, px, py, n, inner, nv); break;
+          default: column_tile<0>(pol, px, py, n, inner, nv); break;
+        }
       }
     }
+    if constexpr (W > 1)
+      if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
+  }
+
+  // tile_walk of a full tile of kN rows with the kept rows (ColumnWalk::kKeptTile), in a
+  // function of its own: its local buffer (16 KiB) stays out of strided_tile's frame.
+  template <int64_t kN>
+  void kept_tile_walk(const T* px, T* py, int64_t column) const {
+    const Pol pol = this->pol;
+    tile_walk<kN>(pol, px, py, kN, kTileVectors, column);
+  }
+
+  // The tile walk of strided_tile over the nv column vectors from px: the block maxima of
+  // every vector (down the n rows, rows in order), then the rows again, each element.
+  // kKeep > 0 (ColumnWalk::kKeptTile, a full tile of kKeep rows): the first pass also copies
+  // the rows into a local buffer, which the second pass reads instead of px. `column`: px's
+  // column in its row (for prefetch_next_tile).
+  template <int64_t kKeep>
+  MXOPS_VINL void tile_walk(const Pol& pol, const T* px, T* py, int64_t n, int64_t nv,
+                            int64_t column) const {
+    const int64_t inner = this->inner, sub = this->sub;
+    alignas(64) F keep[kKeep > 0 ? kKeep * kTileVectors : 1];
+    const T* const src = kKeep > 0 ? reinterpret_cast<const T*>(keep) : px;
+    const int64_t src_inner = kKeep > 0 ? kTileColumns : inner;
     K k[kTileVectors];
     I s[kTileVectors] = {};  // (initialised: GCC cannot see that s[v < nv] is always set)
     I a[kTileVectors], bmin[kTileVectors];
@@ -1094,31 +1141,38 @@ struct Walker {
       // and the maxima stay in registers instead of a load and a store per vector and row
       // (16 Mi elements, blocked axis outer, streaming: MXINT8 0.78 -> 0.87x Neg with AVX2,
       // 0.73 -> 0.79 with AVX-512, together with full-tile rows in whole_block_rows; Zen 4).
-      if (nv == kTileVectors) column_magnitudes<kTileVectors>(px, n, inner, a, bmin);
-      else column_magnitudes<0>(px, n, inner, a, bmin, nv);
+      if constexpr (kKeep > 0) {
+        magnitudes_start(kTileVectors, a, bmin);
+        for (int64_t j = 0; j < kKeep; ++j)
+          magnitudes_row<true>(px + j * inner, kTileVectors, a, bmin, keep + j * kTileVectors);
+      } else if (nv == kTileVectors) {
+        column_magnitudes<kTileVectors>(px, n, inner, a, bmin);
+      } else {
+        column_magnitudes<0>(px, n, inner, a, bmin, nv);
+      }
       finite = true;
       for (int64_t v = 0; v < nv; ++v) finite = finite && L::all(magnitude_finite(a[v]));
       if (finite)
         for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent_of_magnitude(a[v]);
+    } else if constexpr (kKeep > 0) {
+      column_max<true>(pol, px, kKeep, inner, kTileVectors, k, keep);
     }
     if (!finite) {
-      column_max(pol, px, n, inner, nv, k);
+      if (Pol::kPlain > 0 || kKeep == 0) column_max(pol, src, n, src_inner, nv, k);
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
     }
-    prefetch_next_tile(px, py, n, inner, cols, base % inner);
+    prefetch_next_tile(px, py, n, inner, nv * W, column);
     if constexpr (Pol::kSubBlocks) {
       bool fast = true, normal = true;
       for (int64_t v = 0; v < nv; ++v) fast = fast && pol.fast(s[v]);
       for (int64_t v = 0; v < nv; ++v) normal = normal && pol.normal(s[v]);
-      if (fast && normal && sub == 2) tile_sub_blocks<2, true, true>(pol, px, py, n, sub, inner, nv, s);
-      else if (fast && sub == 2) tile_sub_blocks<2, true>(pol, px, py, n, sub, inner, nv, s);
-      else if (fast) tile_sub_blocks<0, true>(pol, px, py, n, sub, inner, nv, s);
-      else tile_sub_blocks<0, false>(pol, px, py, n, sub, inner, nv, s);
+      if (fast && normal && sub == 2) tile_sub_blocks<2, true, true>(pol, src, src_inner, py, n, sub, inner, nv, s);
+      else if (fast && sub == 2) tile_sub_blocks<2, true>(pol, src, src_inner, py, n, sub, inner, nv, s);
+      else if (fast) tile_sub_blocks<0, true>(pol, src, src_inner, py, n, sub, inner, nv, s);
+      else tile_sub_blocks<0, false>(pol, src, src_inner, py, n, sub, inner, nv, s);
     } else {
-      whole_block_rows(pol, px, py, n, inner, nv, s, finite ? a : nullptr, bmin);
+      whole_block_rows(pol, src, src_inner, py, n, inner, nv, s, finite ? a : nullptr, bmin);
     }
-    if constexpr (W > 1)
-      if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -1437,7 +1491,7 @@ struct Walker {
       else if (fast) lanes_sub_blocks<true, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
       else lanes_sub_blocks<false, false>(pol, px, py, n, inner, nv, s, sub_rows, sub_cols);
     } else {
-      whole_block_rows(pol, px, py, n, inner, nv, s);
+      whole_block_rows(pol, px, inner, py, n, inner, nv, s);
     }
     if constexpr (W > 1)
       if (nv * W < cols) scalar().lanes_tile(base + nv * W, n, cols - nv * W);
