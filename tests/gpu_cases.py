@@ -51,6 +51,7 @@ class Case:
     shape: tuple[int, ...]
     offset: int = 0       # elements to shift the buffers by (misaligned vector paths)
     seed: int = 0
+    specials: int = 16    # one element in this many is a special value (make_input)
 
     @property
     def attr_string(self) -> str:
@@ -67,9 +68,9 @@ def _with(attrs: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return d
 
 
-def make_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
-    """A tensor whose blocks have very different magnitudes, with special values mixed in.
-    bfloat16 is returned as uint16 bit patterns."""
+def make_input(shape: tuple[int, ...], dtype: str, seed: int, specials: int = 16) -> np.ndarray:
+    """A tensor whose blocks have very different magnitudes, with special values mixed in (one
+    element in `specials`). bfloat16 is returned as uint16 bit patterns."""
     rng = np.random.default_rng(seed)
     n = int(np.prod(shape)) if shape else 1
     mag = np.exp2(rng.integers(-30, 30, size=n)).astype(np.float32)
@@ -83,7 +84,7 @@ def make_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
         start = int(rng.integers(0, n - 8))
         x[start:start + 8] = 0.0
     if n >= 8:
-        k = max(1, n // 16)
+        k = max(1, n // specials)
         idx = rng.choice(n, size=k, replace=False)
         x[idx] = rng.choice(SPECIALS_F32, size=k)
         if dtype == "float32" and n >= 32:
@@ -218,8 +219,23 @@ def variant_cases(dtypes=DTYPES) -> Iterator[Case]:
                        (4, 64), offset=1, seed=seed)
 
 
+def finite_cases(dtypes=DTYPES) -> Iterator[Case]:
+    """Every built-in configuration on tensors with few special values, so that most blocks
+    are finite (the kernels' plain forms) and a few, also in the same warp, are not."""
+    seed = 20_000
+    for name, cfg in CONFIGS.items():
+        if cfg.op == "BF16":
+            continue
+        for dtype in dtypes:
+            for shape, axis in [((48, 128), 1), ((96, 64), 0), ((3, 64, 40), 1)]:
+                seed += 1
+                yield Case(f"{name}-{dtype}-{shape}-ax{axis}-finite", cfg.op,
+                           _with(cfg.attrs, axis=axis), dtype, shape, seed=seed, specials=512)
+
+
 def all_cases(dtypes=DTYPES) -> list[Case]:
-    return list(config_cases(dtypes=dtypes)) + list(variant_cases(dtypes=dtypes))
+    return (list(config_cases(dtypes=dtypes)) + list(variant_cases(dtypes=dtypes))
+            + list(finite_cases(dtypes=dtypes)))
 
 
 # ------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ CASES = gc.all_cases()
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_emulated_kernels_match_cpu(emulated, case):
-    x = gc.make_input(case.shape, case.dtype, case.seed)
+    x = gc.make_input(case.shape, case.dtype, case.seed, case.specials)
     want = gc.cpu_reference(case, x)
     got = run_emulated(emulated, case, x)
     assert got.shape == want.shape

@@ -189,7 +189,7 @@ def test_execution_provider_name(device, gpu_lib):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_gpu_matches_cpu(device, gpu_lib, case):
-    x = gc.make_input(case.shape, case.dtype, case.seed)
+    x = gc.make_input(case.shape, case.dtype, case.seed, case.specials)
     want = gc.cpu_reference(case, x)
     got = run_device(device, gpu_lib, case, x)
     diff = np.flatnonzero(gc.bits(got) != gc.bits(want))
@@ -324,7 +324,7 @@ def _ort_session(model, provider: str):
 def test_ort_gpu_provider_matches_cpu(case):
     from conftest import one_node_model, run_session
     op, domain = OPS[case.op]
-    x = gc.make_input(case.shape, case.dtype, case.seed)
+    x = gc.make_input(case.shape, case.dtype, case.seed, case.specials)
     want = gc.cpu_reference(case, x)
     sess = _ort_session(one_node_model(op, domain, dict(case.attrs), case.dtype,
                                        rank=len(case.shape)), ORT_PROVIDER)

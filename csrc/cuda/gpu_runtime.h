@@ -37,6 +37,8 @@ __device__ __forceinline__ int shfl_up(int v, int delta, int width) {
 __device__ __forceinline__ int shfl(int v, int src_lane, int width) {
   return __shfl_sync(kFullMask, v, src_lane, width);
 }
+// Whether `p` holds in every lane of the warp (a choice the whole warp then takes together).
+__device__ __forceinline__ bool all_lanes(bool p) { return __all_sync(kFullMask, p); }
 
 // The hardware's float16 conversions (correctly rounded; a NaN comes out canonical).
 __device__ __forceinline__ float half_to_float(uint16_t h) {

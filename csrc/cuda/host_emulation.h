@@ -147,6 +147,11 @@ inline int shfl_up(int v, int delta, int width) {
 inline int shfl(int v, int src_lane, int width) {
   return emu::exchange(v, (emu::lane & ~(width - 1)) + src_lane);
 }
+inline bool all_lanes(bool p) {  // a butterfly of exchanges over the whole group
+  int v = p ? 1 : 0;
+  for (int m = 1; m < emu::group->lanes; m <<= 1) v &= emu::exchange(v, emu::lane ^ m);
+  return v != 0;
+}
 // The GPU's float16 conversions: correctly rounded (Float16's code), and a NaN canonical as
 // the hardware gives it, so the emulated kernels need the NaN handling the real ones do.
 inline float half_to_float(uint16_t h) {

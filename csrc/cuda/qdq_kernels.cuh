@@ -102,6 +102,10 @@ __device__ __forceinline__ int group_max(int v, int width) {
   for (int m = 1; m < width; m <<= 1) v = imax(v, port::shfl_xor(v, m));
   return v;
 }
+__device__ __forceinline__ int group_min(int v, int width) {
+  for (int m = 1; m < width; m <<= 1) v = imin(v, port::shfl_xor(v, m));
+  return v;
+}
 
 // V elements of T at an address aligned to V * sizeof(T): one 16-byte access when V > 1.
 struct alignas(16) Bytes16 {
@@ -160,12 +164,41 @@ __device__ __forceinline__ void lane_sub_max(const int (&key)[V], const QdqArgs&
 // conversions (one instruction each way where Float16's integer code takes a dozen; both
 // round correctly) for every value but NaN, whose payload the hardware does not keep: a NaN
 // gets Float16's bits. Every other storage type is the numeric core's Loader itself.
+// load_finite / store_finite are the same conversions where the value is finite (the plain
+// blocks below); kExactFiniteLoad says whether load_finite also gives load's bits for Inf and
+// NaN (where not, a block that turns out not to be finite is loaded again).
 template <class Ld>
-struct DeviceLoader : Ld {};
+struct DeviceLoader : Ld {
+  static constexpr bool kExactFiniteLoad = true;
+  __device__ __forceinline__ static float load_finite(typename Ld::T v) { return Ld::load(v); }
+  __device__ __forceinline__ static typename Ld::T store_finite(float f) { return Ld::store(f); }
+};
+
+template <bool Bf16First>
+struct DeviceLoader<Loader<BFloat16, Bf16First>> : Loader<BFloat16, Bf16First> {
+  static constexpr bool kExactFiniteLoad = true;
+  __device__ __forceinline__ static float load_finite(uint16_t b) {
+    return Loader<BFloat16, Bf16First>::load(b);
+  }
+  // BFloat16::store without its NaN case: the top half of the nearest-even rounding.
+  __device__ __forceinline__ static uint16_t store_finite(float f) {
+    return static_cast<uint16_t>(f2u(bf16_round_bits(f)) >> 16);
+  }
+};
 
 template <bool Bf16First>
 struct DeviceLoader<Loader<Float16, Bf16First>> {
   using T = uint16_t;
+  // The hardware's NaN (0x7fffffff) would round to -0 in bf16_round_bits: with Bf16First,
+  // load_finite is load.
+  static constexpr bool kExactFiniteLoad = Bf16First;
+  __device__ __forceinline__ static float load_finite(uint16_t h) {
+    if constexpr (Bf16First) return load(h);
+    return port::half_to_float(h);  // a NaN's payload is lost, not that it is a NaN
+  }
+  __device__ __forceinline__ static uint16_t store_finite(float f) {
+    return port::float_to_half_rn(f);
+  }
   __device__ __forceinline__ static float load(uint16_t h) {
     const uint32_t hu = h;
     const uint32_t nan = ((hu & 0x8000u) << 16) | 0x7f800000u | ((hu & 0x3ffu) << 13);
@@ -205,11 +238,17 @@ struct FastPolicy : Policy {
   }
 };
 
+// Each form also has a plain form for blocks of finite elements (numerics.h; the CPU walker's
+// apply_plain): plain_block(s, least) says whether it gives the form's bits for a finite block
+// with maximum s whose least bit pattern (as signed) is `least` (read only where kNeedsLeast),
+// apply_plain(x, p) is the form without its Inf / NaN pass-through and sign fix-ups.
+
 // x rounded in place (DirectRound, nearest-even): to_bfp's with m <= 21 (bfp_direct_params),
 // or the MX int8 element's (kMxInt: mx_int_direct_params).
 template <bool kMxInt>
 struct DirectRoundForm {
   using Params = DirectRound<float>;
+  static constexpr bool kNeedsLeast = true;  // negative zeros and tiny negatives need the sign fix-up
   int m;              // to_bfp's mantissa bits
   MxElement element;  // the int8 element
   __device__ __forceinline__ bool ok(int s) const {
@@ -221,11 +260,18 @@ struct DirectRoundForm {
   __device__ __forceinline__ float apply(float x, const Params& p) const {
     return direct_round_element(x, p);
   }
+  __device__ __forceinline__ bool plain_block(int s, int least) const {
+    return ok(s) && direct_round_plain_block(least, params(s, 0));
+  }
+  __device__ __forceinline__ float apply_plain(float x, const Params& p) const {
+    return direct_round_element_plain(x, p);
+  }
 };
 
 // to_bfp_prime, nearest-even: each sub-block by one addition (bfp_prime_addition_params).
 struct PrimeAdditionForm {
   using Params = BfpPrimeParams<float>;
+  static constexpr bool kNeedsLeast = false;
   int m, shift_bits;
   __device__ __forceinline__ bool ok(int s) const { return bfp_prime_addition_block(s, m); }
   __device__ __forceinline__ Params params(int s, int sub) const {
@@ -234,11 +280,15 @@ struct PrimeAdditionForm {
   __device__ __forceinline__ float apply(float x, const Params& p) const {
     return bfp_prime_element_by_addition(x, p);
   }
+  // The addition form has no special case to drop: its own bits on any block it applies to.
+  __device__ __forceinline__ bool plain_block(int s, int) const { return ok(s); }
+  __device__ __forceinline__ float apply_plain(float x, const Params& p) const { return apply(x, p); }
 };
 
 // MX floating elements, any rounding mode (they always round to nearest even).
 struct MxFloatDirectForm {
   using Params = MxDirectSigned<float>;
+  static constexpr bool kNeedsLeast = false;
   MxElement element;
   __device__ __forceinline__ bool ok(int s) const { return mx_direct_block(s, element); }
   __device__ __forceinline__ Params params(int s, int) const {
@@ -247,17 +297,110 @@ struct MxFloatDirectForm {
   __device__ __forceinline__ float apply(float x, const Params& p) const {
     return mx_float_element_direct_signed(x, p, element);
   }
+  __device__ __forceinline__ bool plain_block(int s, int) const { return ok(s); }
+  __device__ __forceinline__ float apply_plain(float x, const Params& p) const {
+    return mx_float_element_direct_signed_finite(x, p, element);
+  }
+};
+
+// The policies with a plain form: FastPolicy's, through its Form.
+template <class Policy>
+struct HasPlainForm : std::false_type {};
+template <class Policy, class Form>
+struct HasPlainForm<FastPolicy<Policy, Form>> : std::true_type {};
+
+// A block's greatest magnitude (bit pattern with the sign cleared) and least bit pattern (as
+// signed), gathered element by element; padding adds +0, which changes neither test.
+struct BlockExtremes {
+  int magnitude = 0;
+  int least = 0x7fffffff;
+  __device__ __forceinline__ void add(float v) {
+    const int bits = as_int(f2u(v));
+    magnitude = imax(magnitude, bits & 0x7fffffff);
+    least = imin(least, bits);
+  }
+  __device__ __forceinline__ bool finite() const { return magnitude_finite(magnitude); }
+  // The block maximum of every policy's key where the block is finite.
+  __device__ __forceinline__ int exponent() const { return finite_exponent_of_magnitude(magnitude); }
 };
 
 // ------------------------------------------------------------------------------------------
 // inner == 1, block held in registers: G lanes x V elements per block, U blocks per lane.
 // ------------------------------------------------------------------------------------------
+
+// Sub-block maxima of the keys of lane r of a G-lane block (to_bfp_prime): in-thread, over
+// lanes, or (V == 1) a segmented scan over lanes [seg, seg + sub). Shuffles: every lane of
+// the warp calls this together.
+template <int V>
+__device__ __forceinline__ void block_sub_maxima(const int (&key)[V], const QdqArgs& a, int r,
+                                                 int G, int (&sm)[V]) {
+  if (a.sub_mode == SubMode::kSegmented) {
+    int m = key[0];
+    const int seg = r - r % a.sub;
+    for (int d = 1; d < G; d <<= 1) {
+      const int t = port::shfl_up(m, d, G);
+      if (r - d >= seg) m = imax(m, t);
+    }
+    const int last = imin(seg + a.sub, G) - 1;
+    sm[0] = port::shfl(m, last, G);  // lanes past the block's end hold key 0
+#pragma unroll
+    for (int i = 1; i < V; ++i) sm[i] = sm[0];
+  } else {
+    lane_sub_max<V>(key, a, sm);
+  }
+}
+
+// The unit's U blocks by their fast form's plain form, where every block of the warp's units
+// is finite and takes it (one vote, so the warp stays converged); v holds the elements by
+// Ld::load_finite, live[u] whether this lane's part of block u exists, block_live[u] whether
+// block u does. Returns false, having written nothing, where any block of the warp does not.
+template <class Ld, int U, int V, bool kSub, class Form>
+__device__ __forceinline__ bool contiguous_plain_unit(const float (&v)[U][V], const int64_t (&off)[U],
+                                                      const bool (&live)[U], const bool (&block_live)[U],
+                                                      const QdqArgs& a, int r, const Form& form,
+                                                      typename Ld::T* __restrict__ y) {
+  using T = typename Ld::T;
+  const int G = a.group;
+  int s[U];
+  bool plain = true;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    BlockExtremes ext;
+#pragma unroll
+    for (int i = 0; i < V; ++i) ext.add(v[u][i]);  // +0 where not live
+    ext.magnitude = group_max(ext.magnitude, G);
+    if constexpr (Form::kNeedsLeast) ext.least = group_min(ext.least, G);
+    s[u] = ext.exponent();
+    plain = plain && (!block_live[u] || (ext.finite() && form.plain_block(s[u], ext.least)));
+  }
+  if (!port::all_lanes(plain)) return false;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    T out[V];
+    if constexpr (kSub) {
+      int key[V], sm[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) key[i] = exponent_field(f2u(v[u][i]));  // 0 where not live
+      block_sub_maxima<V>(key, a, r, G, sm);
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = Ld::store_finite(form.apply_plain(v[u][i], form.params(s[u], sm[i])));
+    } else {
+      const auto prm = form.params(s[u], 0);
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = Ld::store_finite(form.apply_plain(v[u][i], prm));
+    }
+    if (live[u]) store_vec<T, V>(y + off[u], out);
+  }
+  return true;
+}
+
 template <class Ld, class Policy, int V>
 __global__ void __launch_bounds__(kThreadsPerCta)
 contiguous_cached_kernel(QdqArgs a, Policy pol) {
   using T = typename Ld::T;
   using Params = typename Policy::Params;
   constexpr int U = V == 1 ? 8 : 16 / V;  // blocks in flight per lane
+  constexpr bool kPlain = HasPlainForm<Policy>::value;
   const T* __restrict__ x = static_cast<const T*>(a.x);
   T* __restrict__ y = static_cast<T*>(a.y);
   const int lane = static_cast<int>(threadIdx.x) % kGroupLanes;
@@ -272,23 +415,39 @@ contiguous_cached_kernel(QdqArgs a, Policy pol) {
        unit += grid_threads() / kGroupLanes) {
     float v[U][V];
     int64_t off[U];
-    bool live[U];
+    bool live[U], block_live[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t b = unit * per_unit + static_cast<int64_t>(u) * groups + gr;
       int64_t start = 0;
       int n = 0;
-      if (b < a.num_blocks) locate_block(a, b, start, n);
+      block_live[u] = b < a.num_blocks;
+      if (block_live[u]) locate_block(a, b, start, n);
       live[u] = r * V < n;  // n is a multiple of V when V > 1
       off[u] = start + static_cast<int64_t>(r) * V;
       T raw[V];
       if (live[u]) {
         load_vec<T, V>(x + off[u], raw);
 #pragma unroll
-        for (int i = 0; i < V; ++i) v[u][i] = Ld::load(raw[i]);
+        for (int i = 0; i < V; ++i) v[u][i] = kPlain ? Ld::load_finite(raw[i]) : Ld::load(raw[i]);
       } else {
 #pragma unroll
         for (int i = 0; i < V; ++i) v[u][i] = 0.0f;
+      }
+    }
+    if constexpr (kPlain) {
+      if (contiguous_plain_unit<Ld, U, V, Policy::kSubBlocks>(v, off, live, block_live, a, r,
+                                                              pol.form, y))
+        continue;
+      if constexpr (!Ld::kExactFiniteLoad) {  // not all finite: the exact conversions
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (!live[u]) continue;
+          T raw[V];
+          load_vec<T, V>(x + off[u], raw);
+#pragma unroll
+          for (int i = 0; i < V; ++i) v[u][i] = Ld::load(raw[i]);
+        }
       }
     }
 #pragma unroll
@@ -304,20 +463,7 @@ contiguous_cached_kernel(QdqArgs a, Policy pol) {
       T out[V];
       if constexpr (Policy::kSubBlocks) {
         int sm[V];
-        if (a.sub_mode == SubMode::kSegmented) {  // V == 1: lanes [seg, seg + sub) of the group
-          int m = key[0];
-          const int seg = r - r % a.sub;
-          for (int d = 1; d < G; d <<= 1) {
-            const int t = port::shfl_up(m, d, G);
-            if (r - d >= seg) m = imax(m, t);
-          }
-          const int last = imin(seg + a.sub, G) - 1;
-          sm[0] = port::shfl(m, last, G);  // lanes past the block's end hold key 0
-#pragma unroll
-          for (int i = 1; i < V; ++i) sm[i] = sm[0];
-        } else {
-          lane_sub_max<V>(key, a, sm);
-        }
+        block_sub_maxima<V>(key, a, r, G, sm);
 #pragma unroll
         for (int i = 0; i < V; ++i) out[i] = Ld::store(pol.apply(v[u][i], pol.params(s, sm[i])));
       } else {
@@ -428,6 +574,57 @@ contiguous_long_kernel(QdqArgs a, Policy pol) {
 // (block, column), walking the block down its column; neighbouring threads take neighbouring
 // columns. R > 0: block_size <= R, the block stays in registers; R == 0: re-read per pass.
 // ------------------------------------------------------------------------------------------
+
+// Sub-block maxima of a column block of n <= R keys in place: a running maximum that restarts
+// at each sub-block's first row (bit j of `starts`), then spread back from each sub-block's
+// last row.
+template <int R>
+__device__ __forceinline__ void column_sub_maxima(int (&key)[R], int n, int sub) {
+  uint32_t starts = 0;
+  for (int j = 0; j < R; j += sub) starts |= 1u << j;
+#pragma unroll
+  for (int j = 1; j < R; ++j)
+    if (!((starts >> j) & 1u)) key[j] = imax(key[j], key[j - 1]);
+#pragma unroll
+  for (int j = R - 2; j >= 0; --j)
+    if (!((starts >> (j + 1)) & 1u) && j + 1 < n) key[j] = key[j + 1];
+}
+
+// A column block of n <= R rows (x and y at its first element, rows `stride` apart) by its
+// fast form's plain form, where the block is finite and takes it; returns false, having
+// written nothing, where not. kFull: n == R (no row tests). Divergence between threads is
+// harmless here (no shuffles).
+template <class Ld, int R, bool kSub, bool kFull, class Form>
+__device__ __forceinline__ bool column_plain_block(const typename Ld::T* __restrict__ x,
+                                                   typename Ld::T* __restrict__ y, int64_t stride,
+                                                   int n, int sub, const Form& form) {
+  if constexpr (kFull) n = R;
+  float v[R];
+  BlockExtremes ext;
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    v[j] = j < n ? Ld::load_finite(x[j * stride]) : 0.0f;
+    ext.add(v[j]);
+  }
+  const int s = ext.exponent();
+  if (!ext.finite() || !form.plain_block(s, ext.least)) return false;
+  if constexpr (kSub) {
+    int key[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) key[j] = exponent_field(f2u(v[j]));
+    column_sub_maxima<R>(key, n, sub);
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < n) y[j * stride] = Ld::store_finite(form.apply_plain(v[j], form.params(s, key[j])));
+  } else {
+    const auto prm = form.params(s, 0);
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < n) y[j * stride] = Ld::store_finite(form.apply_plain(v[j], prm));
+  }
+  return true;
+}
+
 template <class Ld, class Policy, int R>
 __global__ void __launch_bounds__(kThreadsPerCta)
 strided_kernel(QdqArgs a, Policy pol) {
@@ -446,6 +643,12 @@ strided_kernel(QdqArgs a, Policy pol) {
     const int64_t base = start * stride + col;
 
     if constexpr (R > 0) {
+      if constexpr (HasPlainForm<Policy>::value) {
+        constexpr bool kSub = Policy::kSubBlocks;
+        if (n == R ? column_plain_block<Ld, R, kSub, true>(x + base, y + base, stride, n, a.sub, pol.form)
+                   : column_plain_block<Ld, R, kSub, false>(x + base, y + base, stride, n, a.sub, pol.form))
+          continue;
+      }
       float v[R];
       int key[R];
       int s = 0;
@@ -456,16 +659,7 @@ strided_kernel(QdqArgs a, Policy pol) {
         s = imax(s, key[j]);
       }
       if constexpr (Policy::kSubBlocks) {
-        // Sub-block maxima: a running maximum that restarts at each sub-block's first row
-        // (bit j of `starts`), then spread back from each sub-block's last row.
-        uint32_t starts = 0;
-        for (int j = 0; j < R; j += a.sub) starts |= 1u << j;
-#pragma unroll
-        for (int j = 1; j < R; ++j)
-          if (!((starts >> j) & 1u)) key[j] = imax(key[j], key[j - 1]);
-#pragma unroll
-        for (int j = R - 2; j >= 0; --j)
-          if (!((starts >> (j + 1)) & 1u) && j + 1 < n) key[j] = key[j + 1];
+        column_sub_maxima<R>(key, n, a.sub);
 #pragma unroll
         for (int j = 0; j < R; ++j)
           if (j < n) y[base + j * stride] = Ld::store(pol.apply(v[j], pol.params(s, key[j])));

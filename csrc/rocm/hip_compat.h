@@ -42,6 +42,9 @@ __device__ __forceinline__ int shfl_up(int v, int delta, int width) {
 __device__ __forceinline__ int shfl(int v, int src_lane, int width) {
   return __shfl(v, src_lane, width);
 }
+// Whether `p` holds in every active lane of the wavefront: on wave64 both 32-lane groups get
+// the same answer, which keeps each of them converged.
+__device__ __forceinline__ bool all_lanes(bool p) { return __all(p) != 0; }
 
 // The hardware's float16 conversions (correctly rounded; a NaN comes out canonical).
 __device__ __forceinline__ float half_to_float(uint16_t h) {
