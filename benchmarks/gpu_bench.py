@@ -60,17 +60,19 @@ class Device:
         sys.exit("gpu_bench: needs a GPU visible to PyTorch or CuPy (pip install torch or cupy)")
 
     def random(self, n: int, dtype: str, seed: int = 0):
-        """n values over a wide exponent range, in the storage of `dtype`."""
+        """n finite values over a wide exponent range, in the storage of `dtype`: normal values
+        times 2^k, k in [-20, 20) (float16: [-10, 10), where 2^20 would be Inf)."""
+        top = 10 if dtype == "float16" else 20
         if self.torch is not None:
             t = self.torch
             g = t.Generator(device="cuda").manual_seed(seed)
             x = t.randn(n, device="cuda", generator=g)
-            x *= t.exp2(t.randint(-20, 20, (n,), device="cuda", generator=g).float())
+            x *= t.exp2(t.randint(-top, top, (n,), device="cuda", generator=g).float())
             return x.to({"float32": t.float32, "float16": t.float16, "bfloat16": t.bfloat16}[dtype])
         cp = self.cp
         rs = cp.random.RandomState(seed)
         x = rs.standard_normal(n, dtype=cp.float32)
-        x *= cp.exp2(rs.randint(-20, 20, n).astype(cp.float32))
+        x *= cp.exp2(rs.randint(-top, top, n).astype(cp.float32))
         if dtype == "float32":
             return x
         if dtype == "float16":
