@@ -142,13 +142,15 @@ __device__ __forceinline__ void lane_sub_max(const int (&key)[V], const QdqArgs&
 #pragma unroll
     for (int i = 0; i < V; ++i) sm[i] = key[i];
     if (V > 1) {
-      // Segments of a.sub (which divides V): running maximum forward, then spread backward.
+      // Segments of a.sub (which divides V, a power of two, so is one too: a mask, not a
+      // division): running maximum forward, then spread backward.
+      const int mask = a.sub - 1;
 #pragma unroll
       for (int i = 1; i < V; ++i)
-        if (i % a.sub != 0) sm[i] = imax(sm[i], sm[i - 1]);
+        if ((i & mask) != 0) sm[i] = imax(sm[i], sm[i - 1]);
 #pragma unroll
       for (int i = V - 2; i >= 0; --i)
-        if ((i + 1) % a.sub != 0) sm[i] = sm[i + 1];
+        if (((i + 1) & mask) != 0) sm[i] = sm[i + 1];
     }
   } else {  // kLanes: the lane's maximum, then a butterfly over lanes_per_sub lanes
     int m = 0;
@@ -329,14 +331,17 @@ struct BlockExtremes {
 // ------------------------------------------------------------------------------------------
 
 // Sub-block maxima of the keys of lane r of a G-lane block (to_bfp_prime): in-thread, over
-// lanes, or (V == 1) a segmented scan over lanes [seg, seg + sub). Shuffles: every lane of
-// the warp calls this together.
+// lanes, or (V == 1) a segmented scan over lanes [seg, seg + sub) (seg: segment_start).
+// Shuffles: every lane of the warp calls this together.
+__device__ __forceinline__ int segment_start(const QdqArgs& a, int r) {
+  return a.sub_mode == SubMode::kSegmented ? r - r % a.sub : 0;  // once per thread: a division
+}
+
 template <int V>
 __device__ __forceinline__ void block_sub_maxima(const int (&key)[V], const QdqArgs& a, int r,
-                                                 int G, int (&sm)[V]) {
+                                                 int G, int seg, int (&sm)[V]) {
   if (a.sub_mode == SubMode::kSegmented) {
     int m = key[0];
-    const int seg = r - r % a.sub;
     for (int d = 1; d < G; d <<= 1) {
       const int t = port::shfl_up(m, d, G);
       if (r - d >= seg) m = imax(m, t);
@@ -357,7 +362,8 @@ __device__ __forceinline__ void block_sub_maxima(const int (&key)[V], const QdqA
 template <class Ld, int U, int V, bool kSub, class Form>
 __device__ __forceinline__ bool contiguous_plain_unit(const float (&v)[U][V], const int64_t (&off)[U],
                                                       const bool (&live)[U], const bool (&block_live)[U],
-                                                      const QdqArgs& a, int r, const Form& form,
+                                                      const QdqArgs& a, int r, int seg,
+                                                      const Form& form,
                                                       typename Ld::T* __restrict__ y) {
   using T = typename Ld::T;
   const int G = a.group;
@@ -381,7 +387,7 @@ __device__ __forceinline__ bool contiguous_plain_unit(const float (&v)[U][V], co
       int key[V], sm[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) key[i] = exponent_field(f2u(v[u][i]));  // 0 where not live
-      block_sub_maxima<V>(key, a, r, G, sm);
+      block_sub_maxima<V>(key, a, r, G, seg, sm);
 #pragma unroll
       for (int i = 0; i < V; ++i) out[i] = Ld::store_finite(form.apply_plain(v[u][i], form.params(s[u], sm[i])));
     } else {
@@ -407,6 +413,7 @@ contiguous_cached_kernel(QdqArgs a, Policy pol) {
   const int G = a.group;
   const int groups = kGroupLanes / G;  // blocks side by side in a 32-lane group
   const int gr = lane / G, r = lane % G;
+  const int seg = Policy::kSubBlocks ? segment_start(a, r) : 0;
   const int64_t per_unit = static_cast<int64_t>(groups) * U;
   const int64_t units = (a.num_blocks + per_unit - 1) / per_unit;
 
@@ -436,7 +443,7 @@ contiguous_cached_kernel(QdqArgs a, Policy pol) {
       }
     }
     if constexpr (kPlain) {
-      if (contiguous_plain_unit<Ld, U, V, Policy::kSubBlocks>(v, off, live, block_live, a, r,
+      if (contiguous_plain_unit<Ld, U, V, Policy::kSubBlocks>(v, off, live, block_live, a, r, seg,
                                                               pol.form, y))
         continue;
       if constexpr (!Ld::kExactFiniteLoad) {  // not all finite: the exact conversions
@@ -463,7 +470,7 @@ contiguous_cached_kernel(QdqArgs a, Policy pol) {
       T out[V];
       if constexpr (Policy::kSubBlocks) {
         int sm[V];
-        block_sub_maxima<V>(key, a, r, G, sm);
+        block_sub_maxima<V>(key, a, r, G, seg, sm);
 #pragma unroll
         for (int i = 0; i < V; ++i) out[i] = Ld::store(pol.apply(v[u][i], pol.params(s, sm[i])));
       } else {
@@ -577,7 +584,8 @@ contiguous_long_kernel(QdqArgs a, Policy pol) {
 
 // Sub-block maxima of a column block of n <= R keys in place: a running maximum that restarts
 // at each sub-block's first row (bit j of `starts`), then spread back from each sub-block's
-// last row.
+// last row. (`starts` is computed here, per block: hoisted out of the kernel's loop, its 2R
+// row tests stayed live across it and took 35-70 more registers.)
 template <int R>
 __device__ __forceinline__ void column_sub_maxima(int (&key)[R], int n, int sub) {
   uint32_t starts = 0;
