@@ -801,14 +801,16 @@ struct Walker {
   // column vector c, the greatest bit pattern with the sign cleared (as signed) in a[c], which
   // is at least 0x7f800000 where the column holds Inf or NaN, and for kPlain > 1 the least bit
   // pattern (as signed) in bmin[c].
-  // kCols 0: `cols` vectors (the tile walk's, rows in order).
-  template <int kCols>
+  // kCols 0: `cols` vectors (the tile walk's, rows in order). kKeep: the rows are also copied,
+  // in order, into keep (n rows of nc vectors; the kept tile's first pass).
+  template <int kCols, bool kKeep = false>
   static MXOPS_VINL void column_magnitudes(const T* p, int64_t n, int64_t inner, I* a, I* bmin,
-                                           int64_t cols = kCols) {
+                                           int64_t cols = kCols, F* keep = nullptr) {
     const int64_t nc = kCols > 0 ? kCols : cols;
     magnitudes_start(nc, a, bmin);
 #pragma GCC unroll 2
-    for (int64_t j = 0; j < n; ++j, p += inner) magnitudes_row(p, nc, a, bmin);
+    for (int64_t j = 0; j < n; ++j, p += inner)
+      magnitudes_row<kKeep>(p, nc, a, bmin, kKeep ? keep + j * nc : nullptr);
   }
 
   // column_magnitudes' start for nc column vectors, and one row of it: the nc vectors from p
@@ -1142,9 +1144,7 @@ struct Walker {
       // (16 Mi elements, blocked axis outer, streaming: MXINT8 0.78 -> 0.87x Neg with AVX2,
       // 0.73 -> 0.79 with AVX-512, together with full-tile rows in whole_block_rows; Zen 4).
       if constexpr (kKeep > 0) {
-        magnitudes_start(kTileVectors, a, bmin);
-        for (int64_t j = 0; j < kKeep; ++j)
-          magnitudes_row<true>(px + j * inner, kTileVectors, a, bmin, keep + j * kTileVectors);
+        column_magnitudes<kTileVectors, true>(px, kKeep, inner, a, bmin, kTileVectors, keep);
       } else if (nv == kTileVectors) {
         column_magnitudes<kTileVectors>(px, n, inner, a, bmin);
       } else {
@@ -1158,7 +1158,8 @@ struct Walker {
       column_max<true>(pol, px, kKeep, inner, kTileVectors, k, keep);
     }
     if (!finite) {
-      if (Pol::kPlain > 0 || kKeep == 0) column_max(pol, src, n, src_inner, nv, k);
+      // (the kept tile's policies without a plain form have their keys from the first pass)
+      if constexpr (Pol::kPlain > 0 || kKeep == 0) column_max(pol, src, n, src_inner, nv, k);
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
     }
     prefetch_next_tile(px, py, n, inner, nv * W, column);
