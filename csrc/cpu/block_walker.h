@@ -622,19 +622,14 @@ struct Walker {
     for (; a < n; a += sub) rows(a, [&] { return min64(n - a, sub); });
   }
 
-  // k[0..nv) = maximum key over rows [0, n) from p, per column; kKeep: each row's nv vectors
-  // also into keep, nv vectors per row.
-  template <bool kKeep = false>
+  // k[0..nv) = maximum key over rows [0, n) from p, per column.
   static MXOPS_VINL void column_max(const Pol& pol, const T* p, int64_t n, int64_t inner,
-                                    int64_t nv, K* k, F* keep = nullptr) {
-    auto row_vector = [&](int64_t j, int64_t v) {
-      const F xv = load(p + j * inner + v * W);
-      if constexpr (kKeep) keep[j * nv + v] = xv;
-      return xv;
-    };
-    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(row_vector(0, v));
-    for (int64_t j = 1; j < n; ++j)
-      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(row_vector(j, v)));
+                                    int64_t nv, K* k) {
+    for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(p + v * W));
+    for (int64_t j = 1; j < n; ++j) {
+      const T* row = p + j * inner;
+      for (int64_t v = 0; v < nv; ++v) k[v] = imax(k[v], pol.key(load(row + v * W)));
+    }
   }
 
   // Rows [0, n) of a tile without sub-blocks, vector v of every row in the block whose shared
@@ -1155,7 +1150,7 @@ struct Walker {
       if (finite)
         for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent_of_magnitude(a[v]);
     } else if constexpr (kKeep > 0) {
-      column_max<true>(pol, px, kKeep, inner, kTileVectors, k, keep);
+      column_keys<kTileVectors, true, false>(pol, px, kKeep, inner, k, nullptr, nullptr, keep);
     }
     if (!finite) {
       // (the kept tile's policies without a plain form have their keys from the first pass)
