@@ -73,33 +73,52 @@ Isa detected_isa() {
 #endif
 }
 
-// AMD family 19h: Zen 3 and Zen 4.
-bool amd_family_19h() {
+// AMD family 19h with AVX-512: Zen 4 (Zen 3, the same family, has no AVX-512).
+bool amd_zen4() {
 #if !defined(__x86_64__)
   return false;
 #else
-  static const bool zen = [] {
+  static const bool zen4 = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+    return __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h") &&
+           detected_isa() == Isa::kAvx512;
   }();
-  return zen;
+  return zen4;
 #endif
 }
 
-// Whether this processor runs 512-bit vector operations as two 256-bit halves (AMD family
-// 19h: Zen 4; Zen 3, the same family, has no AVX-512). On such a Zen 4, one thread, float32,
+// Whether this processor runs 512-bit vector operations as two 256-bit halves (Zen 4). On
+// such a Zen 4, one thread, float32,
 // the AVX-512 walker along rows ran slower than the AVX2 one (xNeg, BFP16: 0.20-0.27 against
 // 0.30-0.39 in cache, 0.57 against 0.66-0.78 at 16 Mi elements; the other formats 10-25 %
 // slower in cache), while with the blocked axis outer it was mostly the faster one (0.35-0.79
 // against 0.25-0.75 in cache, 0.57-0.82 against 0.52-0.74 at 16 Mi); README, "Speed".
-bool split_512_bit_units() { return amd_family_19h(); }
+bool split_512_bit_units() { return amd_zen4(); }
 
 // Whether the walks with the blocked axis innermost prefetch their input and output streams in
-// software (block_walker.h, Walker::prefetch_rows): yes, except on AMD family 19h, where they
-// measured slower with them (Zen 4, 16 Mi float32 elements, one thread, the walker called
-// directly against a negation loop, with -> without: AVX2 path MXINT8 0.85 -> 1.08, MX9 0.82 ->
-// 1.00; AVX-512 path MXINT8 0.80 -> 1.15, MX9 0.87 -> 0.92).
-bool row_prefetch_helps() { return !amd_family_19h(); }
+// software (block_walker.h, Walker::prefetch_rows): yes, except on Zen 4, where they measured
+// slower with them (16 Mi float32 elements, one thread, the walker called directly against a
+// negation loop, with -> without: AVX2 path MXINT8 0.85 -> 1.08, MX9 0.82 -> 1.00; AVX-512
+// path MXINT8 0.80 -> 1.15, MX9 0.87 -> 0.92). On Zen 3 (AVX2 only) they help: ort-mx-bench,
+// 16 Mi, blocked axis innermost, xNeg without -> with, BFP16 0.88-0.95 -> 1.03-1.07, MX9 / MX6
+// / MX4 0.87-0.95 -> 0.96-1.06, the others within the runs' spread (README, "Zen 3").
+bool row_prefetch_helps() { return !amd_zen4(); }
+
+// Whether the innermost walks of a call over `bytes` of input prefetch: MXOPS_CPU_PREFETCH=1 /
+// 0 forces it on / off (to measure both on one machine); unset or empty, where
+// row_prefetch_helps() and the input is at least kStreamBytes (block_walker.h). Below that
+// the tensor is mostly in the caches, and on Zen 3 the prefetches measured 0-5 % slower there
+// (64 Ki and 1 Mi float32 elements) where they gain 5-15 % at 16 Mi. The outputs are the same
+// bits either way.
+bool prefetch_rows_for_call(int64_t bytes) {
+  const char* req = std::getenv("MXOPS_CPU_PREFETCH");
+  if (req == nullptr || *req == '\0') return row_prefetch_helps() && bytes >= kStreamBytes;
+  if (std::strcmp(req, "1") == 0) return true;
+  if (std::strcmp(req, "0") == 0) return false;
+  throw InvalidArgument{std::string("MXOPS_CPU_PREFETCH=") + req +
+                        " is not 0 or 1 (or unset: on this processor " +
+                        (row_prefetch_helps() ? "1" : "0") + " for inputs of 16 MiB or more)"};
+}
 
 // Says once per requested value, on stderr, that the processor cannot run that path.
 void warn_unavailable(const char* requested, Isa ran) {
@@ -258,7 +277,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
-  const bool prefetch_rows = row_prefetch_helps();
+  const bool prefetch_rows = prefetch_rows_for_call(g.num_elements * (t == DType::kFloat32 ? 4 : 2));
   run_tasks(run, tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);
 #if defined(__x86_64__)
