@@ -311,8 +311,8 @@ struct Walker {
   bool prefetch_tiles = false;
   // The innermost walks prefetch their streams kPrefetchBytes ahead (prefetch): on the AVX2
   // development machine the hardware prefetchers alone left the loads waiting; on AMD Zen 4
-  // the same prefetches made a 16 Mi-element walk take 5-44 % longer (row_prefetch_helps,
-  // qdq_cpu.cc).
+  // the same prefetches made a 16 Mi-element walk take 5-44 % longer, and in cache they do
+  // not help (prefetch_rows_for_call, qdq_cpu.cc).
   bool prefetch_rows = true;
 
   // bfloat16 rounding first can turn a NaN into Inf, so float16 NaNs are widened exactly there.

@@ -101,7 +101,8 @@ bool split_512_bit_units() { return amd_zen4(); }
 // negation loop, with -> without: AVX2 path MXINT8 0.85 -> 1.08, MX9 0.82 -> 1.00; AVX-512
 // path MXINT8 0.80 -> 1.15, MX9 0.87 -> 0.92). On Zen 3 (AVX2 only) they help: ort-mx-bench,
 // 16 Mi, blocked axis innermost, xNeg without -> with, BFP16 0.88-0.95 -> 1.03-1.07, MX9 / MX6
-// / MX4 0.87-0.95 -> 0.96-1.06, the others within the runs' spread (README, "Zen 3").
+// / MX4 0.87-0.95 -> 0.96-1.06, the others within the runs' spread (README, "An AVX2-only
+// processor").
 bool row_prefetch_helps() { return !amd_zen4(); }
 
 // Whether the innermost walks of a call over `bytes` of input prefetch: MXOPS_CPU_PREFETCH=1 /
