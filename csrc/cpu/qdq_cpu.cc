@@ -278,7 +278,8 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
-  const bool prefetch_rows = prefetch_rows_for_call(g.num_elements * (t == DType::kFloat32 ? 4 : 2));
+  const int64_t input_bytes = g.num_elements * (t == DType::kFloat32 ? 4 : 2);
+  const bool prefetch_rows = prefetch_rows_for_call(input_bytes);
   run_tasks(run, tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);
 #if defined(__x86_64__)
