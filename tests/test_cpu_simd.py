@@ -405,27 +405,14 @@ def test_unavailable_cpu_isa_is_reported():
     assert "MXOPS_CPU_ISA=avx512 is not available" in r.stderr and best in r.stderr
 
 
-@contextmanager
-def row_prefetch(value: str):
-    """Runs the block with MXOPS_CPU_PREFETCH=value (the innermost walks' software prefetch)."""
-    old = os.environ.get("MXOPS_CPU_PREFETCH")
-    os.environ["MXOPS_CPU_PREFETCH"] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["MXOPS_CPU_PREFETCH"]
-        else:
-            os.environ["MXOPS_CPU_PREFETCH"] = old
-
-
 # MXOPS_CPU_PREFETCH forces the innermost walks' software prefetch on or off (its default
 # depends on the processor, csrc/cpu/qdq_cpu.cc): both settings give the reference's bits on
 # every path, blocks of one, two and four vectors and sub-blocks, specials sprinkled.
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("prefetch", ["0", "1"])
 @pytest.mark.parametrize("config", ["MXINT8", "MX9", "BFP16", "MXFP8E4M3"])
-def test_row_prefetch_setting_keeps_the_bits(config, prefetch, isa):
+def test_row_prefetch_setting_keeps_the_bits(config, prefetch, isa, monkeypatch):
+    monkeypatch.setenv("MXOPS_CPU_PREFETCH", prefetch)
     spec = formats.CONFIGS[config]
     nat, ref = native_and_reference(spec.op)
     rng = np.random.default_rng(5 * len(config) + int(prefetch))
@@ -434,18 +421,19 @@ def test_row_prefetch_setting_keeps_the_bits(config, prefetch, isa):
         clean = (rng.standard_normal(shape) * 2.0 ** rng.integers(-20, 20, (shape[0], 1)))
         x = _sprinkled(clean.astype(np.float32), specials, 500, rng)  # most blocks plain
         attrs = dict(spec.attrs, axis=1)
-        with cpu_path(isa), row_prefetch(prefetch):
+        with cpu_path(isa):
             got = nat(x, threads=2, **attrs)
         assert_bits_equal(got, ref(x, **attrs), f"{config} {shape} prefetch={prefetch} {isa}")
 
 
-def test_unknown_row_prefetch_setting_is_an_error():
+def test_unknown_row_prefetch_setting_is_an_error(monkeypatch):
     """MXOPS_CPU_PREFETCH other than 0 / 1 fails the op (pybind and ONNX Runtime), naming
     the values and this processor's default."""
     from conftest import make_session, one_node_model, run_session
-    with row_prefetch("yes"):
-        with pytest.raises(ValueError, match="MXOPS_CPU_PREFETCH=yes is not 0 or 1.*on this processor [01] for inputs of 16 MiB"):
-            native.mx_quantize_dequantize(np.ones((4, 32), np.float32))
-        sess = make_session(one_node_model("MXQuantizeDequantize", "com.amd.quark", {}))
-        with pytest.raises(Exception, match="MXOPS_CPU_PREFETCH=yes"):
-            run_session(sess, np.ones((4, 32), np.float32), "float32")
+    monkeypatch.setenv("MXOPS_CPU_PREFETCH", "yes")
+    with pytest.raises(ValueError,
+                       match="MXOPS_CPU_PREFETCH=yes is not 0 or 1.*on this processor [01] for inputs of 16 MiB"):
+        native.mx_quantize_dequantize(np.ones((4, 32), np.float32))
+    sess = make_session(one_node_model("MXQuantizeDequantize", "com.amd.quark", {}))
+    with pytest.raises(Exception, match="MXOPS_CPU_PREFETCH=yes"):
+        run_session(sess, np.ones((4, 32), np.float32), "float32")
