@@ -1551,43 +1551,44 @@ MXOPS_VINL bool vector_walk_supported(const QdqParams& p, const Geometry& g) {
   return p.method != Method::kToBfpPrime || (power_of_two(p.sub_block_size) && p.sub_block_size <= W);
 }
 
-// The one dispatch from runtime parameters to a walker: calls fn(walker) with the walker of
-// lanes L that `p` and `t` select; `stream` (vector lanes, float32, see stream_supported):
-// the walker that stores non-temporally; `prefetch_rows`: Walker::prefetch_rows.
-template <class L, class Fn>
-void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g, Fn&& fn,
-                 bool stream = false, bool prefetch_rows = true) {
-  auto with_io = [&](auto io_tag, auto pol) {
-    using IO = decltype(io_tag);
-    using T = typename IO::T;
-    auto go = [&](auto bf16_first, auto stream_tag) {
-      fn(Walker<L, IO, decltype(bf16_first)::value, decltype(pol), decltype(stream_tag)::value>{
+// Whether a policy reads the bf16_first attribute (the BFP methods; MX ops have none).
+template <class Pol>
+constexpr bool kTakesBf16First = true;
+template <class L, int Mode, int Kind>
+constexpr bool kTakesBf16First<MxLanes<L, Mode, Kind>> = false;
+
+// The dispatch from runtime parameters to a walker over elements of type IO: calls fn(walker)
+// with the walker of lanes L that `p` selects; Stream: the walker that stores non-temporally
+// (vector lanes, float32, see stream_supported); `prefetch_rows`: Walker::prefetch_rows.
+// Only reachable walkers are instantiated (they dominate the build's time): no bf16_first
+// walker for MX ops or for bfloat16 elements (rounding a bfloat16 value to bfloat16 is the
+// identity, so that walker's bits are the plain one's), and the small-mantissa BFP policy
+// only for round-half-to-even.
+template <class L, class IO, bool Stream, class Fn>
+void with_walker_for(const QdqParams& p, const void* x, void* y, const Geometry& g, Fn&& fn,
+                     bool prefetch_rows) {
+  using T = typename IO::T;
+  auto with_policy = [&](auto pol) {
+    using Pol = decltype(pol);
+    auto go = [&](auto bf16_first) {
+      fn(Walker<L, IO, decltype(bf16_first)::value, Pol, Stream>{
           static_cast<const T*>(x), static_cast<T*>(y), g.length, g.inner, walk_block_size(p, g),
           p.method == Method::kToBfpPrime ? p.sub_block_size : p.block_size, pol, g.lanes,
           g.num_elements * int64_t(sizeof(T)) >= kPrefetchTileBytes, prefetch_rows});
     };
-    auto go_stream = [&](auto bf16_first) {
-      if constexpr (L::W > 1 && std::is_same_v<IO, Float32>) {
-        if (stream) return go(bf16_first, std::true_type{});
-      }
-      go(bf16_first, std::false_type{});
-    };
-    if (p.method != Method::kMx && p.bf16_first) go_stream(std::true_type{});
-    else go_stream(std::false_type{});
-  };
-  auto with_policy = [&](auto pol) {
-    switch (t) {
-      case DType::kFloat32: with_io(Float32{}, pol); break;
-      case DType::kFloat16: with_io(Float16{}, pol); break;
-      case DType::kBFloat16: with_io(BFloat16{}, pol); break;
+    if constexpr (kTakesBf16First<Pol> && !std::is_same_v<IO, BFloat16>) {
+      if (p.bf16_first) return go(std::true_type{});
     }
+    go(std::false_type{});
   };
   auto with_mode = [&](auto mode_tag) {
     constexpr int kMode = decltype(mode_tag)::value;
     switch (p.method) {
       case Method::kToBfp:
-        if (kMode == kHalfEven && p.mantissa_bits <= 21) with_policy(BfpLanes<L, kMode, true>{p.mantissa_bits});
-        else with_policy(BfpLanes<L, kMode, false>{p.mantissa_bits});
+        if constexpr (kMode == kHalfEven) {
+          if (p.mantissa_bits <= 21) return with_policy(BfpLanes<L, kMode, true>{p.mantissa_bits});
+        }
+        with_policy(BfpLanes<L, kMode, false>{p.mantissa_bits});
         break;
       case Method::kToBfpPrime:
         with_policy(PrimeLanes<L, kMode>{p.mantissa_bits, p.sub_block_size, p.sub_block_shift_bits});
@@ -1605,6 +1606,30 @@ void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geom
     case 1: with_mode(std::integral_constant<int, 1>{}); break;
     default: with_mode(std::integral_constant<int, 2>{}); break;
   }
+}
+
+// Calls fn(IO{}, std::bool_constant<Stream>{}) for the element type `t`; `stream` (vector
+// lanes, float32 only): the non-temporal walker's Stream.
+template <int W, class Fn>
+void with_element_type(DType t, bool stream, Fn&& fn) {
+  switch (t) {
+    case DType::kFloat32:
+      if constexpr (W > 1) {
+        if (stream) return fn(Float32{}, std::true_type{});
+      }
+      return fn(Float32{}, std::false_type{});
+    case DType::kFloat16: return fn(Float16{}, std::false_type{});
+    case DType::kBFloat16: return fn(BFloat16{}, std::false_type{});
+  }
+}
+
+// with_walker_for for the element type `t` (see with_element_type).
+template <class L, class Fn>
+void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g, Fn&& fn,
+                 bool stream = false, bool prefetch_rows = true) {
+  with_element_type<L::W>(t, stream, [&](auto io, auto stream_tag) {
+    with_walker_for<L, decltype(io), decltype(stream_tag)::value>(p, x, y, g, fn, prefetch_rows);
+  });
 }
 
 }  // namespace

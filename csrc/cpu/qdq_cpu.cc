@@ -12,6 +12,19 @@
 #include "block_walker.h"
 #include "qdq_simd.h"
 
+// The SIMD walkers linked in (qdq_simd.h): both widths on x86-64, except where setup.py's
+// sanitizer build leaves out a width that its processor cannot run (-DMXOPS_NO_SIMD16).
+#if defined(__x86_64__)
+#define MXOPS_HAVE_SIMD8 1
+#else
+#define MXOPS_HAVE_SIMD8 0
+#endif
+#if defined(__x86_64__) && !defined(MXOPS_NO_SIMD16)
+#define MXOPS_HAVE_SIMD16 1
+#else
+#define MXOPS_HAVE_SIMD16 0
+#endif
+
 namespace mxops::cpu {
 namespace {
 
@@ -63,8 +76,9 @@ Isa detected_isa() {
 #else
   static const Isa isa = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    if (MXOPS_HAVE_SIMD16 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
       return Isa::kAvx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::kAvx2;
     return Isa::kScalar;
@@ -81,7 +95,7 @@ bool amd_zen4() {
   static const bool zen4 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h") &&
-           detected_isa() == Isa::kAvx512;
+           __builtin_cpu_supports("avx512f");
   }();
   return zen4;
 #endif
@@ -271,8 +285,10 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
     return;
   }
   Isa isa = block_op_isa(g);
-#if defined(__x86_64__)
+#if MXOPS_HAVE_SIMD16
   if (isa == Isa::kAvx512 && !simd16::supports(p, g)) isa = Isa::kScalar;
+#endif
+#if MXOPS_HAVE_SIMD8
   if (isa == Isa::kAvx2 && !simd8::supports(p, g)) isa = Isa::kScalar;
 #endif
   const UnitPlan plan = plan_units(g, walk_block_size(p, g));
@@ -282,8 +298,10 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   const bool prefetch_rows = prefetch_rows_for_call(input_bytes);
   run_tasks(run, tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);
-#if defined(__x86_64__)
+#if MXOPS_HAVE_SIMD16
     if (isa == Isa::kAvx512) return simd16::run_units(p, t, x, y, g, u0, u1, prefetch_rows);
+#endif
+#if MXOPS_HAVE_SIMD8
     if (isa == Isa::kAvx2) return simd8::run_units(p, t, x, y, g, u0, u1, prefetch_rows);
 #endif
     with_walker<ScalarLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); },
@@ -330,9 +348,11 @@ void bf16_elementwise(const In* x, const float* scale, const uint16_t* zero_poin
   });
 }
 
-// The AVX-512 and AVX2 runs of a BF16 op for bf16_elementwise (x86-64 builds only).
-#if defined(__x86_64__)
+// The AVX-512 and AVX2 runs of a BF16 op for bf16_elementwise (where linked in).
+#if MXOPS_HAVE_SIMD16
 #define MXOPS_BF16_RUNS(name) simd16::name, simd8::name
+#elif MXOPS_HAVE_SIMD8
+#define MXOPS_BF16_RUNS(name) nullptr, simd8::name
 #else
 #define MXOPS_BF16_RUNS(name) nullptr, nullptr
 #endif

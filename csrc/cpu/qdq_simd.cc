@@ -1,6 +1,6 @@
 // SIMD lanes for the CPU block walker (see qdq_simd.h). Compiled with -DMXOPS_SIMD_WIDTH=8
-// (-mavx2 -mf16c) and =16 (-mavx512f -mavx512bw -mavx512vl -mavx512dq); GCC vector
-// extensions keep one source for both. This file owns only what differs between lane
+// (-mavx2 -mf16c) and =16 (-mavx512f -mavx512bw -mavx512vl -mavx512dq), each in four parts
+// (-DMXOPS_SIMD_PART, see run_walks); GCC vector extensions keep one source for both. This file owns only what differs between lane
 // widths: vector loads and stores, lane reductions, and the bf16 quantize loops.
 
 // GCC 12 reports the placeholder operand inside its own AVX-512 half-precision conversion
@@ -209,16 +209,51 @@ struct VecLanes {
   }
 };
 
+// The walks over elements of type IO with Stream stores, work units [u0, u1).
+template <class IO, bool Stream>
+void walks(const QdqParams& p, const void* x, void* y, const Geometry& g, int64_t u0, int64_t u1,
+           bool prefetch_rows) {
+  const UnitPlan plan = plan_units(g, walk_block_size(p, g));
+  with_walker_for<VecLanes, IO, Stream>(
+      p, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, prefetch_rows);
+}
+
 }  // namespace
 
+// The walkers take most of the build's time, so setup.py compiles this source once per part,
+// -DMXOPS_SIMD_PART=0..3, and the parts compile in parallel. Each part defines one overload of
+// run_walks (walks<IO, Stream>): 0 float32, 1 float32 with non-temporal stores, 2 float16,
+// 3 bfloat16; part 0 also the entry points of qdq_simd.h, which call all four.
+#define MXOPS_WALK_PARAMS                                                                 \
+  const QdqParams& p, const void* x, void* y, const Geometry& g, int64_t u0, int64_t u1, \
+      bool prefetch_rows
+#define MXOPS_WALK_ARGS p, x, y, g, u0, u1, prefetch_rows
+void run_walks(Float32, std::false_type, MXOPS_WALK_PARAMS);
+void run_walks(Float32, std::true_type, MXOPS_WALK_PARAMS);
+void run_walks(Float16, std::false_type, MXOPS_WALK_PARAMS);
+void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS);
+
+#if MXOPS_SIMD_PART == 0
+void run_walks(Float32, std::false_type, MXOPS_WALK_PARAMS) { walks<Float32, false>(MXOPS_WALK_ARGS); }
+#elif MXOPS_SIMD_PART == 1
+void run_walks(Float32, std::true_type, MXOPS_WALK_PARAMS) { walks<Float32, true>(MXOPS_WALK_ARGS); }
+#elif MXOPS_SIMD_PART == 2
+void run_walks(Float16, std::false_type, MXOPS_WALK_PARAMS) { walks<Float16, false>(MXOPS_WALK_ARGS); }
+#elif MXOPS_SIMD_PART == 3
+void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS) { walks<BFloat16, false>(MXOPS_WALK_ARGS); }
+#else
+#error "compile with -DMXOPS_SIMD_PART=0, 1, 2 or 3"
+#endif
+
+#if MXOPS_SIMD_PART == 0
 bool supports(const QdqParams& p, const Geometry& g) { return vector_walk_supported<W>(p, g); }
 
 void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                int64_t u0, int64_t u1, bool prefetch_rows) {
-  const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const bool stream = stream_supported<W>(t, y, g);
-  with_walker<VecLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, stream,
-                        prefetch_rows);
+  with_element_type<W>(t, stream, [&](auto io, auto stream_tag) {
+    run_walks(io, stream_tag, MXOPS_WALK_ARGS);
+  });
   // Non-temporal stores are weakly ordered: make them visible before the task reports done.
   if (stream) _mm_sfence();
 }
@@ -268,5 +303,7 @@ void bf16_quantize_dequantize_run(const float* x, float* y, int64_t n, float sca
   });
   for (; i < n; ++i) y[i] = bf16_quantize_dequantize(x[i], scale, zero_point);
 }
+
+#endif  // MXOPS_SIMD_PART == 0
 
 }  // namespace mxops::cpu::MXOPS_SIMD_NS
