@@ -327,23 +327,26 @@ void for_each_channel_run(const Geometry& g, bool per_channel, const float* scal
   });
 }
 
-// One of the BF16 ops over the tensor: the ISA's vector run per channel run (simd16 /
-// simd8 .bf16_*_run), else `element` per element (bf16_qdq.h).
+// A vector run of a BF16 op (simd16 / simd8 .bf16_*_run), null where that width is not linked
+// in. Its type names In and Out only through a member, so that null deduces nothing.
+template <class T>
+struct NonDeduced {
+  using Type = T;
+};
+template <class In, class Out>
+using Bf16Run = typename NonDeduced<void (*)(const In*, Out*, int64_t, float, uint16_t)>::Type;
+
+// One of the BF16 ops over the tensor: the ISA's vector run per channel run, else `element`
+// per element (bf16_qdq.h).
 template <class In, class Out, class Element>
 void bf16_elementwise(const In* x, const float* scale, const uint16_t* zero_point, bool per_channel,
-                      const Geometry& g, Out* y, const TaskRunner& run,
-                      void (*avx512)(const In*, Out*, int64_t, float, uint16_t),
-                      void (*avx2)(const In*, Out*, int64_t, float, uint16_t), Element element) {
+                      const Geometry& g, Out* y, const TaskRunner& run, Bf16Run<In, Out> avx512,
+                      Bf16Run<In, Out> avx2, Element element) {
   const Isa isa = selected_isa();
-  (void)isa;
-  (void)avx512;
-  (void)avx2;
   for_each_channel_run(g, per_channel, scale, zero_point, run,
                        [&](int64_t i, int64_t stop, float s, uint16_t z) {
-#if defined(__x86_64__)
-    if (isa == Isa::kAvx512) return avx512(x + i, y + i, stop - i, s, z);
-    if (isa == Isa::kAvx2) return avx2(x + i, y + i, stop - i, s, z);
-#endif
+    if (isa == Isa::kAvx512 && avx512 != nullptr) return avx512(x + i, y + i, stop - i, s, z);
+    if (isa == Isa::kAvx2 && avx2 != nullptr) return avx2(x + i, y + i, stop - i, s, z);
     for_each_run(i, stop, x, y, [&](int64_t k) { y[k] = element(x[k], s, z); });
   });
 }
