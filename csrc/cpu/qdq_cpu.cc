@@ -132,7 +132,8 @@ bool prefetch_rows_for_call(int64_t bytes) {
   if (std::strcmp(req, "0") == 0) return false;
   throw InvalidArgument{std::string("MXOPS_CPU_PREFETCH=") + req +
                         " is not 0 or 1 (or unset: on this processor " +
-                        (row_prefetch_helps() ? "1" : "0") + " for inputs of 16 MiB or more)"};
+                        (row_prefetch_helps() ? "1" : "0") + " for inputs of " +
+                        std::to_string(kStreamBytes >> 20) + " MiB or more)"};
 }
 
 // Says once per requested value, on stderr, that the processor cannot run that path.
