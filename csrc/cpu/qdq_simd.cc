@@ -1,7 +1,8 @@
 // SIMD lanes for the CPU block walker (see qdq_simd.h). Compiled with -DMXOPS_SIMD_WIDTH=8
 // (-mavx2 -mf16c) and =16 (-mavx512f -mavx512bw -mavx512vl -mavx512dq), each in four parts
-// (-DMXOPS_SIMD_PART, see run_walks); GCC vector extensions keep one source for both. This file owns only what differs between lane
-// widths: vector loads and stores, lane reductions, and the bf16 quantize loops.
+// (-DMXOPS_SIMD_PART, see run_walks); GCC vector extensions keep one source for both. This
+// file owns only what differs between lane widths: vector loads and stores, lane reductions,
+// and the bf16 quantize loops.
 
 // GCC 12 reports the placeholder operand inside its own AVX-512 half-precision conversion
 // intrinsics (_mm512_cvtph_ps, _mm512_cvtps_ph) as maybe uninitialised wherever the walker
@@ -234,13 +235,21 @@ void run_walks(Float16, std::false_type, MXOPS_WALK_PARAMS);
 void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS);
 
 #if MXOPS_SIMD_PART == 0
-void run_walks(Float32, std::false_type, MXOPS_WALK_PARAMS) { walks<Float32, false>(MXOPS_WALK_ARGS); }
+void run_walks(Float32, std::false_type, MXOPS_WALK_PARAMS) {
+  walks<Float32, false>(MXOPS_WALK_ARGS);
+}
 #elif MXOPS_SIMD_PART == 1
-void run_walks(Float32, std::true_type, MXOPS_WALK_PARAMS) { walks<Float32, true>(MXOPS_WALK_ARGS); }
+void run_walks(Float32, std::true_type, MXOPS_WALK_PARAMS) {
+  walks<Float32, true>(MXOPS_WALK_ARGS);
+}
 #elif MXOPS_SIMD_PART == 2
-void run_walks(Float16, std::false_type, MXOPS_WALK_PARAMS) { walks<Float16, false>(MXOPS_WALK_ARGS); }
+void run_walks(Float16, std::false_type, MXOPS_WALK_PARAMS) {
+  walks<Float16, false>(MXOPS_WALK_ARGS);
+}
 #elif MXOPS_SIMD_PART == 3
-void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS) { walks<BFloat16, false>(MXOPS_WALK_ARGS); }
+void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS) {
+  walks<BFloat16, false>(MXOPS_WALK_ARGS);
+}
 #else
 #error "compile with -DMXOPS_SIMD_PART=0, 1, 2 or 3"
 #endif

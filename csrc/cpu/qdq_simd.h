@@ -1,11 +1,11 @@
 // The SIMD instantiations of the CPU block walker (block_walker.h), for the CPU backend.
 //
 // qdq_simd.cc is compiled per instruction set with its own flags and namespace (simd8: AVX2 +
-// F16C, 8 float lanes; simd16: AVX-512 F/BW/VL/DQ, 16 lanes), in four object files each (one
-// per element type, so they build in parallel; qdq_simd.cc, run_walks); qdq_cpu.cc picks
-// one at run time from what the processor supports (never -march=native). The walker, the
-// work split and the dispatch are the scalar path's (block_walker.h), with vector lanes, so
-// results are bit-identical to the scalar path.
+// F16C, 8 float lanes; simd16: AVX-512 F/BW/VL/DQ, 16 lanes), in four object files each that
+// build in parallel (float32, float32 streaming, float16, bfloat16; qdq_simd.cc, run_walks);
+// qdq_cpu.cc picks one at run time from what the processor supports (never -march=native).
+// The walker, the work split and the dispatch are the scalar path's (block_walker.h), with
+// vector lanes, so results are bit-identical to the scalar path.
 #pragma once
 
 #include <cstdint>
