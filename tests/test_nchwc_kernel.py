@@ -125,6 +125,25 @@ def test_variants_match_reference(case, dtype, isa):
                        f"{attrs} L={lanes} {dtype} {shape} {isa}")
 
 
+# MX9 / MX6 / MX4 (blocks of 16 channels, sub-blocks of 2) where a block is one row of the
+# NCHWc view: the channels end halfway through a block (8, 24 or 40 channels with L = 8) or a
+# block is one NCHWc group (L = 16). The walker has a path for these one-row blocks, W pixels
+# at a time and one pixel vector at a time for the pixels left over (5 x 7 and 3 x 11 pixels),
+# and the blocks of two rows beside them (24 and 40 channels).
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MX9", "MX6", "MX4"])
+def test_one_row_blocks_match_reference(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    rng = np.random.default_rng(zlib.crc32(f"one row {config} {dtype}".encode()))
+    for lanes, channels in [(8, 8), (8, 24), (8, 40), (16, 16), (16, 48)]:
+        for n, *spatial in SPATIAL[:3]:
+            shape = (n, channels, *spatial)
+            x = _adversarial(shape, dtype, rng)
+            _check(spec.op, dict(spec.attrs, axis=1, nchwc_block=lanes), x, dtype, isa,
+                   f"{config} L={lanes} {dtype} {shape} {isa}")
+
+
 # Rows of many pixels: the CPU walker's NCHWc work units then span several 128-column tiles
 # (about 16 Ki elements each: 4096 columns for MXINT8 with nchwc_block 8) and the row's last
 # unit is partial; a block narrower than the NCHWc block (BFP16, L 8) takes the flat view.

@@ -1446,8 +1446,18 @@ struct Walker {
       bool done = false;
       if constexpr (Pol::kSubBlocks) {
         if (lanes <= W && sub <= lanes) {
+          // MX9 / MX6 / MX4 (blocks of 16, sub-blocks of 2) with lanes == W: blocks of two
+          // rows, and of one row where the channels end halfway through a block (8 or 24
+          // channels with AVX2's 8-channel NCHWc blocks) or where a block is one vector
+          // (AVX-512's 16-channel blocks). With n and the steps left to run time, such a
+          // one-row block took each vector on its own with branching lane maxima: on the
+          // AVX2 development machine (Zen 3, one thread, ort-mx-bench --kernel --nchwc) MX9
+          // ran the classifier's 8-channel activations at 0.28-0.30x Neg, its 24-channel
+          // ones at 0.54-0.55x, where blocks of two rows run at 1.0x.
           if (n == 2 && lanes == W && sub == 2)
             lanes_column_sub_blocks<2, log2_exact(W), 1>(pol, px, py, n, inner, nv);
+          else if (n == 1 && lanes == W && sub == 2)
+            lanes_column_sub_blocks<1, log2_exact(W), 1>(pol, px, py, n, inner, nv);
           else lanes_column_sub_blocks<0, -1, -1>(pol, px, py, n, inner, nv);
           done = true;
         }
