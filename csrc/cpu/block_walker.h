@@ -1451,9 +1451,9 @@ struct Walker {
           // channels with AVX2's 8-channel NCHWc blocks) or where a block is one vector
           // (AVX-512's 16-channel blocks). With n and the steps left to run time, such a
           // one-row block took each vector on its own with branching lane maxima: on the
-          // AVX2 development machine (Zen 3, one thread, ort-mx-bench --kernel --nchwc) MX9
-          // ran the classifier's 8-channel activations at 0.28-0.30x Neg, its 24-channel
-          // ones at 0.54-0.55x, where blocks of two rows run at 1.0x.
+          // AVX2 development machine (Zen 3, one thread, the kernel on the classifier's
+          // activations, ort-mx-bench --kernel --nchwc) MX9 took 46.3 us on [1, 8, 48, 192]
+          // where it now takes 20.1 (MXINT8: 20.5), and 238 -> 173 us over all 16 shapes.
           if (n == 2 && lanes == W && sub == 2)
             lanes_column_sub_blocks<2, log2_exact(W), 1>(pol, px, py, n, inner, nv);
           else if (n == 1 && lanes == W && sub == 2)
