@@ -129,7 +129,9 @@ def test_variants_match_reference(case, dtype, isa):
 # NCHWc view: the channels end halfway through a block (8, 24 or 40 channels with L = 8) or a
 # block is one NCHWc group (L = 16). The walker has a path for these one-row blocks, W pixels
 # at a time and one pixel vector at a time for the pixels left over (5 x 7 and 3 x 11 pixels),
-# and the blocks of two rows beside them (24 and 40 channels).
+# and the blocks of two rows beside them (24 and 40 channels). 8 channels (the whole tensor
+# one partial block) is not in CHANNELS; the others repeat test_configs_match_reference's
+# shapes for these three formats in one place.
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("config", ["MX9", "MX6", "MX4"])

@@ -1447,9 +1447,9 @@ struct Walker {
       if constexpr (Pol::kSubBlocks) {
         if (lanes <= W && sub <= lanes) {
           // MX9 / MX6 / MX4 (blocks of 16, sub-blocks of 2) with lanes == W: blocks of two
-          // rows, and of one row where the channels end halfway through a block (8 or 24
-          // channels with AVX2's 8-channel NCHWc blocks) or where a block is one vector
-          // (AVX-512's 16-channel blocks). With n and the steps left to run time, such a
+          // rows, and of one row where the channels end halfway through a block (an odd
+          // number of AVX2's 8-channel NCHWc groups: 8, 24, 40, ...) or where a block is one
+          // vector (AVX-512's 16-channel groups). With n and the steps left to run time, such a
           // one-row block took each vector on its own with branching lane maxima: on the
           // AVX2 development machine (Zen 3, one thread, the kernel on the classifier's
           // activations, ort-mx-bench --kernel --nchwc) MX9 took 46.3 us on [1, 8, 48, 192]
