@@ -130,7 +130,8 @@ def nchwc_block_size() -> int:
         [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "probe",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 8, 8])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])], [w])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    # IR 8: an onnx newer than the installed onnxruntime would write an IR version it rejects
+    model = helper.make_model(g, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "probe.onnx"), os.path.join(tmp, "probe_opt.onnx")
         onnx.save(model, src)

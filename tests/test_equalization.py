@@ -70,7 +70,7 @@ def _cnn(seed=0):
         consts + nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                               [None, 3, 10, 10])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * 4) for n in ("y1", "y2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def _mlp(seed=1):
@@ -106,7 +106,7 @@ def _mlp(seed=1):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 5]),
          helper.make_tensor_value_info("z", TensorProto.FLOAT, [None] * 4)],
         inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def _run(model, feeds):
@@ -260,7 +260,7 @@ def test_bias_correction_lowers_mean_error_on_calibration_data(bias_at):
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8, 8, 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
     feeds = [{"x": (np.abs(rng.standard_normal((1, 4, 8, 8))) + 0.5).astype(np.float32)}
              for _ in range(12)]
 

@@ -39,7 +39,8 @@ def _conv_chain(path, channels=16, size=12, dynamic=True):
                                                                           dims)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT,
                                                          [1, channels] + dims[2:])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    onnx.save(helper.make_model(g, ir_version=8, opset_imports=[helper.make_opsetid("", 13)]),
+              str(path))
     return str(path)
 
 
@@ -54,7 +55,8 @@ def _token_matmul(path):
         "ids", TensorProto.INT64, ["batch", "seq"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 32])],
         [emb, w])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    onnx.save(helper.make_model(g, ir_version=8, opset_imports=[helper.make_opsetid("", 13)]),
+              str(path))
     return str(path)
 
 

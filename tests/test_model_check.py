@@ -28,8 +28,9 @@ def _model(op: str = "MXQuantizeDequantize", domain: str = QUARK_DOMAIN,
     graph = helper.make_graph([node], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid(domain, 1)])
+    return helper.make_model(graph, ir_version=8,
+                             opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid(domain, 1)])
 
 
 def _session_error(model: onnx.ModelProto) -> str:
@@ -99,7 +100,7 @@ def test_subgraph_nodes_are_checked():
                               [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
                                helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])])
-    checked, problems = model_problems(helper.make_model(graph))
+    checked, problems = model_problems(helper.make_model(graph, ir_version=8))
     assert checked == 2
     assert len(problems) == 1 and "unknown attribute 'blocksize'" in problems[0]
 

@@ -42,7 +42,8 @@ def _cnn(path, channels=(16, 16, 16), residual=True):
     g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [1, 3, "h", "w"])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, [1, channels[-1], "h", "w"])], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    onnx.save(helper.make_model(g, ir_version=8, opset_imports=[helper.make_opsetid("", 13)]),
+              str(path))
     return str(path)
 
 

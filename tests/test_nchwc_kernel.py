@@ -328,8 +328,9 @@ def test_packed_weights_take_no_nchwc_block():
         helper.make_tensor_value_info("p", TensorProto.UINT8, [128]),
         helper.make_tensor_value_info("s", TensorProto.UINT8, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid(formats.PRODUCT_DOMAIN, 1)])
+    model = helper.make_model(graph, ir_version=8,
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid(formats.PRODUCT_DOMAIN, 1)])
     _, problems = model_problems(model)
     assert len(problems) == 1 and "nchwc_block" in problems[0], problems
     import onnxruntime as ort

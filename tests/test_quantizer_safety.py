@@ -229,8 +229,9 @@ def test_shape_inference_writes_nothing_into_the_working_directory(tmp_path, mon
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(np.ones((64, 300), np.float32), "W")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.amd.quark", 1)])
+    model = helper.make_model(graph, ir_version=8,
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("com.amd.quark", 1)])
     monkeypatch.chdir(tmp_path)
     view = ModelView(model)
     assert sorted(p.name for p in tmp_path.iterdir()) == []

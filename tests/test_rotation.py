@@ -22,7 +22,7 @@ def _model(w1, w2, b2):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, w2.shape[0]])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
          numpy_helper.from_array(b2, "b2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def _run(model, x, custom=False):
