@@ -36,8 +36,9 @@ def cpu_isa() -> str:
     The best this processor supports, narrowed by the environment variable MXOPS_CPU_ISA
     (read on every call). Raises ValueError for an unknown MXOPS_CPU_ISA value; a path this
     processor cannot run is reported once on stderr and the best available one is returned.
-    One exception, where MXOPS_CPU_ISA is unset: on AMD family 19h (Zen 4), which this
-    reports as "avx512", block ops whose blocked axis is innermost run the AVX2 walker,
-    measured faster there (README, "Speed"); the bits are the same.
+    Two exceptions, where MXOPS_CPU_ISA is unset and this reports "avx512": block ops whose
+    blocked axis is innermost run the AVX2 walker on AMD family 19h (Zen 4), and those with
+    blocks of 8 elements (BFP16) do on every processor; both measured faster (README,
+    "Speed"). The bits are the same.
     """
     return _native.cpu_isa()
