@@ -437,3 +437,46 @@ def test_unknown_row_prefetch_setting_is_an_error(monkeypatch):
     sess = make_session(one_node_model("MXQuantizeDequantize", "com.amd.quark", {}))
     with pytest.raises(Exception, match="MXOPS_CPU_PREFETCH=yes"):
         run_session(sess, np.ones((4, 32), np.float32), "float32")
+
+
+def _with_zero_blocks(shape, block, rng):
+    """Normal values (a power-of-two scale per block of `block` consecutive elements along the
+    last axis, as _blocks_at_scales, from 2^-12 to 2^12) with whole blocks of zeros: a quarter
+    of the blocks all +0, and some all -0 or of both signs; single zeros elsewhere too."""
+    x = _blocks_at_scales(shape, block, rng, -12, 12).reshape(-1)
+    blocks = x[:x.size // block * block].reshape(-1, block)
+    kind = rng.random(blocks.shape[0])
+    blocks[kind < 0.25] = 0.0
+    blocks[(kind >= 0.25) & (kind < 0.3)] = -0.0
+    mixed = (kind >= 0.3) & (kind < 0.35)
+    blocks[mixed] = np.where(rng.random((int(mixed.sum()), block)) < 0.5, np.float32(0.0),
+                             np.float32(-0.0))
+    x[rng.choice(x.size, size=max(1, x.size // 50), replace=False)] = 0.0
+    return x.reshape(shape)
+
+
+# Blocks of zeros (ReLU outputs, an NCHWc tensor's padding channels) take the fast and plain
+# forms with the exponent of 1.0 (block_walker.h, exponent_of_magnitude_or_one): blocks all +0,
+# all -0 or of both signs among ordinary ones, blocked axis innermost and outer, every path
+# against the numpy reference.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["BFP16", "MXINT8", "MXFP8E4M3", "MXFP6E2M3", "MXFP4E2M1",
+                                    "MX9"])
+def test_zero_blocks_match_reference(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(13 * len(config) + len(dtype))
+    bs = spec.attrs["block_size"]
+    for shape, axis in [((64, 1024), 1), ((40, 100), 1), ((64, 1024), 0), ((96, 300), 0),
+                        ((200, 192), 0)]:
+        if axis == 1:
+            x = _with_zero_blocks(shape, bs, rng)
+        else:  # blocks down the rows: make them along the rows of the transpose
+            x = np.ascontiguousarray(_with_zero_blocks(shape[::-1], bs, rng).T)
+        xs, bf = _as_dtype(x, dtype, np.float32(1.0))
+        attrs = dict(spec.attrs, axis=axis)
+        with cpu_path(isa):
+            got = nat(xs, dtype=bf, threads=2, **attrs)
+        assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                          f"{config} {dtype} {shape} axis {axis} {isa}")

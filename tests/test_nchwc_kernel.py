@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from conftest import (assert_bits_equal, make_session, native_and_reference, one_node_model,
                       run_one_node, run_session)
 from ort_mx_ops import formats, native
-from test_cpu_simd import _inputs, _near_clamp_blocks, cpu_path
+from test_cpu_simd import _inputs, _near_clamp_blocks, _with_zero_blocks, cpu_path
 
 ISAS = ["scalar", "avx2", "avx512"]
 CONFIGS = [name for name, spec in formats.CONFIGS.items() if spec.op != "BF16"]
@@ -372,3 +372,21 @@ def test_pixel_groups_near_the_clamp(config, lanes, isa):
         attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
         _check(spec.op, attrs, _stored(x, lanes), "float32", isa,
                f"{config} L={lanes} {(n, c, h, w)} {isa}")
+
+
+# Blocks of zeros in the NCHWc view (block_walker.h, exponent_of_magnitude_or_one): pixels
+# whose channel blocks are all +0, all -0 or of both signs beside ordinary ones, every
+# configuration, L = 8 and 16, every path against the numpy reference.
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_zero_blocks_match_reference(config, lanes, isa):
+    spec = formats.CONFIGS[config]
+    rng = np.random.default_rng(17 * len(config) + lanes)
+    bs = spec.attrs["block_size"]
+    for n, c, spatial in [(1, 64, (6, 40)), (2, 32, (3, 96)), (1, 48, (5, 7))]:
+        pixels = _with_zero_blocks((n, int(np.prod(spatial)), c), bs, rng)  # channels last
+        logical = np.ascontiguousarray(np.moveaxis(pixels, 2, 1)).reshape(n, c, *spatial)
+        attrs = dict(spec.attrs, axis=1, nchwc_block=lanes)
+        _check(spec.op, attrs, _stored(logical, lanes), "float32", isa,
+               f"{config} L={lanes} {logical.shape} {isa}")
