@@ -252,9 +252,11 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
                 continue
             if channels % block and bs <= block:
                 # The padding fills whole blocks (BFP16's 8 of 16 lanes) or half of each block
-                # (MX9's 16), zeros the kernel walks like the rest (BFP16's all-zero blocks
-                # also refuse the fast form): measured slower than the conversions
-                # (classifier, B = 16: BFP16 1.18 -> 1.24x the float model, MX9 1.17 -> 1.18).
+                # (MX9's 16), zeros the kernel walks like the rest: measured slower than the
+                # conversions (classifier, B = 16: BFP16 1.18 -> 1.24x the float model, MX9
+                # 1.17 -> 1.18), when BFP16's all-zero blocks also refused the fast form. Since
+                # 45b8927 they take it (block_walker.h, exponent_of_magnitude_or_one); not
+                # measured again at B = 16 yet (README, "An Intel Xeon with AVX-512").
                 report.kept.append(f"{label}: {channels} channels, not a multiple of the NCHWc "
                                    f"block {block}, in blocks of {bs} (at most {block})")
                 continue
