@@ -72,6 +72,7 @@ class ModelOptions:
     profile_runs: int = 20
     extra_models: dict[str, str] = field(default_factory=dict)   # label -> prepared model
     nchwc: bool = False          # also time each config through quantizer.nchwc
+    neg_floor: bool = False      # also time each BFP / MX model with Neg in place of our nodes
     ep: str = CPU_EP             # the execution provider timed and profiled
     log: Callable[[str], None] = print
 
@@ -322,10 +323,33 @@ def compare_to_cpu(cpu: list[np.ndarray], out: list[np.ndarray]) -> dict[str, An
 # The run
 # ---------------------------------------------------------------------------------------------
 
+# Our block ops (BFP / MX): the nodes that --neg-floor replaces.
+_BLOCK_OPS = ("BFPQuantizeDequantize", "MXQuantizeDequantize", "MXFixNeuron")
+NEG_FLOOR = "+neg"  # the label suffix of those variants
+
+
+def with_neg_nodes(src: str, dst: str) -> int:
+    """Writes to ``dst`` the model at ``src`` with each node of our block ops in its main graph
+    replaced by ``Neg`` of the same input: the same tensor read and written once with no
+    arithmetic, so its latency is the least that any separate node in those places costs
+    (its outputs are not meaningful). Returns the number of nodes replaced."""
+    model = onnx.load(src)
+    replaced = 0
+    for node in model.graph.node:
+        if node.domain in _OUR_DOMAINS and node.op_type in _BLOCK_OPS:
+            node.op_type, node.domain = "Neg", ""
+            del node.input[1:]
+            del node.attribute[:]
+            replaced += 1
+    onnx.save(model, dst)
+    return replaced
+
+
 def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dict[str, dict]]:
     """Model paths per variant label (each config, BF16 also as one fused node per tensor,
-    and with ``opts.nchwc`` each one's pre-optimised form and the float model's) and what was
-    done to make each."""
+    with ``opts.nchwc`` each one's pre-optimised form and the float model's, and with
+    ``opts.neg_floor`` each BFP / MX model with Neg in place of our nodes) and what was done to
+    make each."""
     from ort_mx_ops.quantizer import get_config, quantize_model
     from ort_mx_ops.quantizer.nchwc import optimize_nchwc
     paths, info = {}, {}
@@ -355,6 +379,11 @@ def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dic
             rep = optimize_nchwc(out, paths[label], opts.shapes or None)
             info[label] = {"runtime_nodes": runtime, "same_as": config, "nchwc_block": rep.block,
                            "nchwc_rewritten": len(rep.rewritten), "nchwc_kept": len(rep.kept)}
+        if opts.neg_floor and config in CONFIGS and CONFIGS[config].op != "BF16":
+            for label in [config] + ([f"{config}+nchwc"] if opts.nchwc else []):
+                floor = label + NEG_FLOOR
+                paths[floor] = os.path.join(workdir, f"{label}_neg.onnx".replace("+", "_"))
+                info[floor] = {"neg_nodes": with_neg_nodes(paths[label], paths[floor])}
     return paths, info
 
 
@@ -445,7 +474,8 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                     "rounds": opts.rounds, "warm_runs": opts.warm_runs,
                     "min_time": opts.min_time,
                     "max_rounds": opts.max_rounds, "profile_runs": opts.profile_runs,
-                    "extra_models": opts.extra_models, "nchwc": opts.nchwc, "ep": opts.ep},
+                    "extra_models": opts.extra_models, "nchwc": opts.nchwc,
+                    "neg_floor": opts.neg_floor, "ep": opts.ep},
         "results": rows,
     }
 
@@ -487,6 +517,10 @@ def markdown(doc: dict) -> str:
                "per-node median kernel times from the profiler / the float model's. Shares "
                "are of the summed per-node kernel time; layout = ReorderInput + ReorderOutput; extra layout = "
                "its time beyond the float model's, as a share of the float model's node time")
+    if o.get("neg_floor"):
+        out.append(f"- {NEG_FLOOR}: the same model with Neg in place of each of our nodes (one "
+                   "read and one write of the same tensors, no arithmetic): the least any "
+                   "separate node in those places costs; its outputs are not meaningful")
     out.append("")
     control = any("ratio_to_float_nchwc" in r for r in doc["results"])
     warm = any("ratio_to_float_warm" in r for r in doc["results"])
@@ -611,6 +645,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nchwc", action="store_true",
                    help="also time each config pre-optimised with our nodes inside "
                         "onnxruntime's NCHWc layout (ort_mx_ops.quantizer.nchwc)")
+    p.add_argument("--neg-floor", action="store_true",
+                   help="also time each BFP / MX model (and its --nchwc form) with Neg in place "
+                        "of each of our nodes: one read and one write of the same tensors, no "
+                        "arithmetic, the least any separate node there costs (label +neg; its "
+                        "outputs are not meaningful)")
     p.add_argument("--ep", default="CPU",
                    help="execution provider to time and profile: CPU, CUDA or ROCM (or its "
                         "full name); on a GPU provider every model also runs once on the CPU "
@@ -668,7 +707,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         rounds=rounds, warm_runs=args.warm_runs, min_time=min_time,
                         max_rounds=max(rounds, args.max_rounds),
                         profile_runs=profile_runs, extra_models=extra, nchwc=args.nchwc,
-                        ep=ep, log=log)
+                        neg_floor=args.neg_floor, ep=ep, log=log)
     try:
         doc = run_model_bench(opts)
     except (FileNotFoundError, ValueError) as exc:

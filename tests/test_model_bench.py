@@ -253,3 +253,23 @@ def test_two_threads_on_a_shared_pool(tmp_path):
     assert q["variant"] == "MXINT8" and q["profile"]["ours_nodes"] > 0
     assert q["finite_where_float_is"]
     assert model_bench.build_parser().parse_args(["--model", "m"]).thread_pool == "shared"
+
+
+def test_neg_floor_variants(tmp_path):
+    """--neg-floor: each BFP / MX model (and its --nchwc form) once more with Neg in place of
+    each of our nodes, none of ours left; BF16 gets none."""
+    model = _conv_chain(tmp_path / "chain.onnx")
+    opts = model_bench.ModelOptions(model=model, configs=["MX9", "BF16"],
+                                    shapes={"x": [1, 3, 12, 12]}, warmup=1, rounds=2,
+                                    min_time=0.0, profile_runs=1, nchwc=True, neg_floor=True,
+                                    log=lambda s: None)
+    doc = model_bench.run_model_bench(opts)
+    rows = {r["variant"]: r for r in doc["results"]}
+    assert [k for k in rows if k.endswith("+neg")] == ["MX9+neg", "MX9+nchwc+neg"]
+    for label in ("MX9+neg", "MX9+nchwc+neg"):
+        base = rows[label[:-len("+neg")]]
+        assert rows[label]["neg_nodes"] == base["runtime_nodes"] > 0
+        assert rows[label]["profile"]["ours_nodes"] == 0
+        assert rows[label]["profile"]["ops"]["Neg"]["nodes"] == base["runtime_nodes"]
+        assert rows[label]["ratio_to_float_paired"] > 0
+    assert "+neg: the same model with Neg" in model_bench.markdown(doc)
