@@ -45,7 +45,7 @@ import ort_mx_ops
 from ort_mx_ops.benchmarks.graphs import BF16_FUSED
 from ort_mx_ops.benchmarks import harness
 from ort_mx_ops.benchmarks.harness import EP_DEVICE, machine_info
-from ort_mx_ops.formats import CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
+from ort_mx_ops.formats import BLOCK_OPS, CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
 __all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_breakdowns",
            "make_feeds", "LAYOUT_OPS", "markdown"]
@@ -323,8 +323,6 @@ def compare_to_cpu(cpu: list[np.ndarray], out: list[np.ndarray]) -> dict[str, An
 # The run
 # ---------------------------------------------------------------------------------------------
 
-# Our block ops (BFP / MX): the nodes that --neg-floor replaces.
-_BLOCK_OPS = ("BFPQuantizeDequantize", "MXQuantizeDequantize", "MXFixNeuron")
 NEG_FLOOR = "+neg"  # the label suffix of those variants
 
 
@@ -336,7 +334,7 @@ def with_neg_nodes(src: str, dst: str) -> int:
     model = onnx.load(src)
     replaced = 0
     for node in model.graph.node:
-        if node.domain in _OUR_DOMAINS and node.op_type in _BLOCK_OPS:
+        if node.domain in _OUR_DOMAINS and node.op_type in BLOCK_OPS:
             node.op_type, node.domain = "Neg", ""
             del node.input[1:]
             del node.attribute[:]

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional
 __all__ = ["QUARK_DOMAIN", "LEGACY_DOMAIN", "PRODUCT_DOMAIN", "AttrSpec", "OpSchema", "OPS",
            "op_schema", "block_op", "LEGACY_NAMES", "MXElementFormat", "MX_ELEMENT_FORMATS",
            "BFP_METHODS", "FormatSpec", "CONFIGS", "FORMAT_FAMILIES", "catalogue", "LAYOUT_ATTRS",
-           "ADAQUANT_SUFFIX",
+           "ADAQUANT_SUFFIX", "BLOCK_OPS",
            "resolve_attrs"]
 
 QUARK_DOMAIN = "com.amd.quark"
@@ -180,6 +180,9 @@ for _s in _CANONICAL:
     OPS[_s.name] = _s
     if _s.legacy_name:
         OPS[_s.legacy_name] = OpSchema(_s.legacy_name, LEGACY_DOMAIN, _s.kind, _s.attrs)
+
+# The block (BFP / MX) quantize-dequantize ops, legacy names included.
+BLOCK_OPS: frozenset[str] = frozenset(n for n, s in OPS.items() if s.kind in ("BFP", "MX"))
 
 # FormatSpec.op -> the op that computes that family ("BF16" is a pair, see FormatSpec).
 FORMAT_FAMILIES: dict[str, Optional[str]] = {"BFP": "BFPQuantizeDequantize",

@@ -52,14 +52,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ort_mx_ops.formats import LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
+from ort_mx_ops.formats import BLOCK_OPS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
 __all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "inference_session",
            "session_options", "main", "METADATA_KEY", "parse_shapes"]
 
 METADATA_KEY = "ort_mx_ops.onnxruntime_optimized"
 _NCHWC_DOMAIN = "com.microsoft.nchwc"
-_BLOCK_OPS = {"BFPQuantizeDequantize", "MXQuantizeDequantize", "BFPFixNeuron", "MXFixNeuron"}
 _OUR_DOMAINS = (QUARK_DOMAIN, LEGACY_DOMAIN, PRODUCT_DOMAIN)
 # Elementwise BF16 nodes (per-tensor scale and zero point): the pair's first node, or ours.
 _BF16_OPS = {"ExtendedQuantizeLinear", "BF16QuantizeDequantize"}
@@ -189,7 +188,7 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
         return c[0] if len(c) == 1 and name not in outputs else None
 
     for node in g.node:
-        if node.domain not in _OUR_DOMAINS or node.op_type not in _BLOCK_OPS | _BF16_OPS:
+        if node.domain not in _OUR_DOMAINS or node.op_type not in BLOCK_OPS | _BF16_OPS:
             continue
         ro = producer.get(node.input[0])
         if ro is None or ro.op_type != "ReorderOutput" or ro.domain != _NCHWC_DOMAIN:
