@@ -209,8 +209,10 @@ def test_through_onnxruntime(config, dtype):
 # channels' results equal the plain op on the logical tensor of those channels alone, whatever
 # the padding holds (NaN, Inf, huge values: a convolution's padding lanes can hold anything);
 # the padding's results are +0. Channel counts below one group, a group and a bit, blocks cut
-# short by the last real channel; the kernel copies the input with the padding zeroed into the
-# output and works there in place (qdq_cpu.cc).
+# short by the last real channel, and real groups in several blocks before the padded one. The
+# kernel walks the groups before the block that holds the padding straight from the input, and
+# copies that block's groups with the padding zeroed into the output to work there in place
+# (quantize_dequantize_padded, qdq_cpu.cc).
 def _check_padding(config, lanes, dtype, isa, channels, spatials, seed):
     spec = formats.CONFIGS[config]
     nat, ref = native_and_reference(spec.op)
@@ -244,7 +246,8 @@ def _check_padding(config, lanes, dtype, isa, channels, spatials, seed):
 @_every_config_lanes_dtype_path
 def test_padding_channels_are_left_out(config, lanes, dtype, isa):
     _check_padding(config, lanes, dtype, isa,
-                   (lanes // 2 + 1, lanes + 3, 2 * lanes + lanes // 2, 3 * lanes - 2), SPATIAL[:3],
+                   (lanes // 2 + 1, lanes + 3, 2 * lanes + lanes // 2, 3 * lanes - 2, 4 * lanes + 1),
+                   SPATIAL[:3],
                    "pad")
 
 
