@@ -5,13 +5,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 import ort_mx_ops
-from conftest import (as_dtype, assert_bits_equal, make_session, one_node_model, poisoned_like,
-                      run_session, sample_tensor)
+from conftest import (ELEM_TYPES, as_dtype, assert_bits_equal, make_session, one_node_model,
+                      poisoned_like, run_session, sample_tensor)
 from ort_mx_ops import reference
 from ort_mx_ops.formats import CONFIGS, PRODUCT_DOMAIN
 
@@ -51,7 +52,86 @@ def test_rank_changes_between_runs() -> None:
         assert_bits_equal(run_session(sess, x, "float32"), expected, f"shape {shape}")
 
 
-def bf16_model(op: str, domain: str, per_channel: int | None, axis: int = 1):
+def _shape_probe(config: str, elem: str, shape) -> onnx.ModelProto:
+    """y = our node (config, blocked along axis 1) on x, and s = Shape(y); both outputs are
+    declared without shapes, so what onnxruntime knows of them comes from our node's shape
+    inference."""
+    cfg = CONFIGS[config]
+    op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
+    nodes = [helper.make_node(op, ["x"], ["y"], domain="com.amd.quark", **dict(cfg.attrs, axis=1)),
+             helper.make_node("Shape", ["y"], ["s"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", ELEM_TYPES[elem], shape)],
+        [helper.make_tensor_value_info("y", ELEM_TYPES[elem], None),
+         helper.make_tensor_value_info("s", TensorProto.INT64, None)])
+    return helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.amd.quark", 1)])
+
+
+def _optimized(model: onnx.ModelProto, tmp_path) -> tuple[ort.InferenceSession, list[str]]:
+    """A session of `model` (our ops registered, onnxruntime's basic optimisations) and the
+    op types of the graph those optimisations left."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort_mx_ops.register(so)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess, [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+
+
+def _reference(config: str, x: np.ndarray) -> np.ndarray:
+    cfg = CONFIGS[config]
+    ref = reference.bfp_quantize_dequantize if cfg.op == "BFP" else reference.mx_quantize_dequantize
+    return ref(x, **dict(cfg.attrs, axis=1))
+
+
+# Our nodes tell onnxruntime their output's shape and type (those of the input), so it can
+# optimise what follows them: here it folds Shape(y) into a constant. The outputs stay the op's.
+@pytest.mark.parametrize("elem", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MXINT8", "BFP16", "MX9"])
+def test_output_shape_is_inferred(config: str, elem: str, tmp_path) -> None:
+    shape = [2, 32, 3, 3]
+    sess, ops = _optimized(_shape_probe(config, elem, shape), tmp_path)
+    assert ops == [{"BFP": "BFPQuantizeDequantize", "MX": "MXQuantizeDequantize"}[CONFIGS[config].op]]
+    y_info = sess.get_outputs()[0]
+    assert y_info.shape == shape
+    assert y_info.type == {"float32": "tensor(float)", "float16": "tensor(float16)",
+                           "bfloat16": "tensor(bfloat16)"}[elem]
+    if elem == "bfloat16":  # (numpy has no bfloat16 for sess.run; test_ops runs that type)
+        return
+    x = as_dtype(sample_tensor(tuple(shape), np.random.default_rng(5), specials=False), elem)
+    y, s = sess.run(None, {"x": x})
+    assert_bits_equal(y, _reference(config, x), f"{config} {elem}")
+    assert s.tolist() == shape
+
+
+# Named dimensions carry over, a dimension with neither value nor name gets a name of its own
+# (onnxruntime reports it to a custom op as -1, which as a value would be wrong), and an input
+# without a shape gives nothing (onnxruntime reports it as rank 0: a shape of rank 0 would have
+# made Shape(y) a constant). Shape(y) stays a node, and every rank runs.
+@pytest.mark.parametrize("shape,inferred", [(["batch", 32, "h"], ["batch", 32, "h"]),
+                                            ([None, 32], ["*", 32]), (None, [])])
+def test_output_shape_partly_known(shape, inferred, tmp_path) -> None:
+    sess, ops = _optimized(_shape_probe("MXINT8", "float32", shape), tmp_path)
+    got = sess.get_outputs()[0].shape
+    assert len(got) == len(inferred)
+    for g, want in zip(got, inferred):
+        if want == "*":
+            assert isinstance(g, str) and g.startswith("ort_mx_ops_unk_"), got
+        else:
+            assert g == want, got
+    assert "Shape" in ops
+    for run_shape in ([4, 32, 5], [3, 32]) if shape else ([70], [3, 32], [2, 32, 1, 4]):
+        if shape and len(run_shape) != len(shape):
+            continue
+        x = sample_tensor(tuple(run_shape), np.random.default_rng(6), specials=False)
+        y, s = sess.run(None, {"x": x})
+        assert_bits_equal(y, _reference("MXINT8", x))
+        assert s.tolist() == run_shape
+
+
+def bf16_model(op: str, domain: str, per_channel: int | None, axis: int = 1,
+               shape: list | None = None):
     quantize = op in ("ExtendedQuantizeLinear", "VitisQuantizeLinear")
     fused = op == "BF16QuantizeDequantize"
     in_type, out_type = ((TensorProto.FLOAT, TensorProto.BFLOAT16) if quantize else
@@ -64,7 +144,7 @@ def bf16_model(op: str, domain: str, per_channel: int | None, axis: int = 1):
     zp = helper.make_tensor("zp", TensorProto.BFLOAT16, [n] if per_channel else [],
                             zp_bits.tobytes(), raw=True)
     node = helper.make_node(op, ["x", "scale", "zp"], ["y"], domain=domain, axis=axis)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", in_type, None)],
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", in_type, shape)],
                               [helper.make_tensor_value_info("y", out_type, None)],
                               initializer=[scale, zp])
     model = helper.make_model(graph, ir_version=8, opset_imports=[
@@ -142,6 +222,18 @@ def test_bf16_fused_by_hand() -> None:
     model.graph.initializer[1].raw_data = np.uint16(0).tobytes()
     assert node.input[1:] == ["scale", "zp"]
     assert run_bf16(model, x, "float32", np.float32).view(np.uint32).tolist() == want.tolist()
+
+
+# The BF16 ops infer their output's shape too, with their output's type (the y of the model
+# is declared without a shape).
+@pytest.mark.parametrize("op,out_type", [("ExtendedQuantizeLinear", "tensor(bfloat16)"),
+                                         ("ExtendedDequantizeLinear", "tensor(float)"),
+                                         ("BF16QuantizeDequantize", "tensor(float)")])
+def test_bf16_output_shape_is_inferred(op: str, out_type: str) -> None:
+    domain = PRODUCT_DOMAIN if op == "BF16QuantizeDequantize" else "com.amd.quark"
+    model, _, _ = bf16_model(op, domain, 6, shape=["n", 6, 5])
+    y = make_session(model).get_outputs()[0]
+    assert (y.shape, y.type) == (["n", 6, 5], out_type)
 
 
 def test_bf16_scale_size_mismatch_is_an_error() -> None:

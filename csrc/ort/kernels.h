@@ -60,6 +60,14 @@ OrtStatusPtr guarded(const std::string& label, F&& f) {
   }
 }
 
+// Shape inference for an op whose output 0 has input 0's shape: output 0 gets that shape and
+// element type `type` (UNDEFINED: the input's), so that onnxruntime knows the shapes after
+// our nodes when it optimises a model (it folds or fuses the Shape nodes that read them, fuses
+// MatMul + Add into Gemm, plans the buffers). An input of rank 0 sets nothing (onnxruntime's
+// context reports an input without shape as rank 0); a dimension without value or name gets
+// a new name.
+OrtStatusPtr infer_same_shape(OrtShapeInferContext* ctx, ONNXTensorElementDataType type);
+
 // ------------------------------------------------------------------------------------------
 // BFPQuantizeDequantize / MXQuantizeDequantize (and their legacy names)
 // ------------------------------------------------------------------------------------------
@@ -87,7 +95,12 @@ struct BlockKernel {
 
 template <class Backend>
 struct BlockOp : Ort::CustomOpBase<BlockOp<Backend>, BlockKernel<Backend>, true> {
-  BlockOp(const OpSpec& spec, ONNXTensorElementDataType type) : spec_(spec), type_(type) {}
+  BlockOp(const OpSpec& spec, ONNXTensorElementDataType type) : spec_(spec), type_(type) {
+    // (the input's type: onnxruntime may run one instance's function for every input type)
+    OrtCustomOp::InferOutputShapeFn = [](const OrtCustomOp*, OrtShapeInferContext* ctx) {
+      return infer_same_shape(ctx, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
+    };
+  }
 
   OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const {
     std::string label = spec_.name;
@@ -162,7 +175,11 @@ struct LinearKernel {
 
 template <class Backend>
 struct LinearOp : Ort::CustomOpBase<LinearOp<Backend>, LinearKernel<Backend>, true> {
-  explicit LinearOp(const OpSpec& spec) : spec_(spec) {}
+  explicit LinearOp(const OpSpec& spec) : spec_(spec) {
+    OrtCustomOp::InferOutputShapeFn = [](const OrtCustomOp* op, OrtShapeInferContext* ctx) {
+      return infer_same_shape(ctx, static_cast<const LinearOp*>(op)->GetOutputType(0));
+    };
+  }
 
   OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const {
     std::string label = spec_.name;

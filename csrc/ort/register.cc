@@ -1,5 +1,6 @@
 // Op registration with ONNX Runtime (RegisterCustomOps) and the adapters between ORT's
 // kernel info / context and the ORT-free catalogue and kernels.
+#include <atomic>
 #include <cctype>
 #include <mutex>
 #include <set>
@@ -27,6 +28,42 @@ std::string node_label(const OrtKernelInfo* info, const char* op) {
     name.resize(size > 0 ? size - 1 : 0);
   }
   return name.empty() ? std::string(op) : std::string(op) + " (node '" + name + "')";
+}
+
+OrtStatusPtr infer_same_shape(OrtShapeInferContext* ctx, ONNXTensorElementDataType type) {
+  return guarded("shape inference", [&] {
+    OrtTensorTypeAndShapeInfo* in = nullptr;  // owned by the context
+    Ort::ThrowOnError(api().ShapeInferContext_GetInputTypeShape(ctx, 0, &in));
+    size_t rank = 0;
+    Ort::ThrowOnError(api().GetDimensionsCount(in, &rank));
+    if (rank == 0) return;  // no shape, or a scalar: nothing to say
+    std::vector<int64_t> dims(rank);
+    std::vector<const char*> names(rank, nullptr);
+    Ort::ThrowOnError(api().GetDimensions(in, dims.data(), rank));
+    Ort::ThrowOnError(api().GetSymbolicDimensions(in, names.data(), rank));
+    // A dimension without value or name (onnxruntime reports it as -1, and so a model's own
+    // dim_value -1) gets a name of its own: the output's dimension is unknown but the rank and
+    // the other dimensions are known. (As -1 it would be taken for a value.)
+    static std::atomic<uint64_t> unnamed{0};
+    std::vector<std::string> fresh(rank);
+    for (size_t i = 0; i < rank; ++i) {
+      if (names[i] == nullptr) names[i] = "";
+      if (dims[i] < 0 && names[i][0] == '\0') {
+        fresh[i] = "ort_mx_ops_unk_" + std::to_string(unnamed++);
+        names[i] = fresh[i].c_str();
+      }
+    }
+    if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED)
+      Ort::ThrowOnError(api().GetTensorElementType(in, &type));
+    OrtTensorTypeAndShapeInfo* out = nullptr;
+    Ort::ThrowOnError(api().CreateTensorTypeAndShapeInfo(&out));
+    std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> owned(
+        out, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
+    Ort::ThrowOnError(api().SetTensorElementType(out, type));
+    Ort::ThrowOnError(api().SetDimensions(out, dims.data(), rank));
+    Ort::ThrowOnError(api().SetSymbolicDimensions(out, names.data(), rank));
+    Ort::ThrowOnError(api().ShapeInferContext_SetOutputTypeShape(ctx, 0, out));
+  });
 }
 
 namespace {
