@@ -279,7 +279,7 @@ void zero_padding(DType t, const void* src, void* dst, const NchwcPadding& pad, 
 // included, so its padding is zeroed again afterwards. Copying only that block, not the whole
 // tensor (as before), measured on Zen 3 (AVX2, one thread, nchwc_block 16, one node through
 // onnxruntime, 200 / 104 / 88 channels padded to 208 / 112 / 96): BFP16 and MX9 (blocks within
-// a group) 8-20 % faster, MXINT8 2-6 %; tensors of one or two groups unchanged (README, "NCHWc
+// a group) 5-20 % faster, MXINT8 2-6 %; tensors of one or two groups unchanged (README, "NCHWc
 // padding: only the padded block copied").
 void quantize_dequantize_padded(const QdqParams& p, DType t, const void* x, void* y,
                                 const Geometry& g, const TaskRunner& run) {
