@@ -11,8 +11,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_mx_ops
-from conftest import (ELEM_TYPES, as_dtype, assert_bits_equal, make_session, one_node_model,
-                      poisoned_like, run_session, sample_tensor)
+from conftest import (ELEM_TYPES, as_dtype, assert_bits_equal, make_session,
+                      native_and_reference, one_node_model, poisoned_like, run_session,
+                      sample_tensor)
 from ort_mx_ops import reference
 from ort_mx_ops.formats import CONFIGS, PRODUCT_DOMAIN
 
@@ -57,8 +58,8 @@ def _shape_probe(config: str, elem: str, shape) -> onnx.ModelProto:
     declared without shapes, so what onnxruntime knows of them comes from our node's shape
     inference."""
     cfg = CONFIGS[config]
-    op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
-    nodes = [helper.make_node(op, ["x"], ["y"], domain="com.amd.quark", **dict(cfg.attrs, axis=1)),
+    nodes = [helper.make_node(cfg.op_type, ["x"], ["y"], domain="com.amd.quark",
+                              **dict(cfg.attrs, axis=1)),
              helper.make_node("Shape", ["y"], ["s"])]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", ELEM_TYPES[elem], shape)],
@@ -81,8 +82,7 @@ def _optimized(model: onnx.ModelProto, tmp_path) -> tuple[ort.InferenceSession, 
 
 def _reference(config: str, x: np.ndarray) -> np.ndarray:
     cfg = CONFIGS[config]
-    ref = reference.bfp_quantize_dequantize if cfg.op == "BFP" else reference.mx_quantize_dequantize
-    return ref(x, **dict(cfg.attrs, axis=1))
+    return native_and_reference(cfg.op)[1](x, **dict(cfg.attrs, axis=1))
 
 
 # Our nodes tell onnxruntime their output's shape and type (those of the input), so it can
@@ -92,7 +92,7 @@ def _reference(config: str, x: np.ndarray) -> np.ndarray:
 def test_output_shape_is_inferred(config: str, elem: str, tmp_path) -> None:
     shape = [2, 32, 3, 3]
     sess, ops = _optimized(_shape_probe(config, elem, shape), tmp_path)
-    assert ops == [{"BFP": "BFPQuantizeDequantize", "MX": "MXQuantizeDequantize"}[CONFIGS[config].op]]
+    assert ops == [CONFIGS[config].op_type]
     y_info = sess.get_outputs()[0]
     assert y_info.shape == shape
     assert y_info.type == {"float32": "tensor(float)", "float16": "tensor(float16)",
