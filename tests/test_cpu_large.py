@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ort_mx_ops
+from conftest import native_and_reference
 from ort_mx_ops import native
 from ort_mx_ops.benchmarks import graphs
 from ort_mx_ops.formats import CONFIGS
@@ -38,7 +39,7 @@ def test_large_tensor_matches_native(config, axis):
     sess = ort.InferenceSession(graphs.custom_qdq_model(config, SHAPE, axis, "float32"), so,
                                 providers=["CPUExecutionProvider"])
     got = sess.run(None, {"X": x})[0]
-    fn = native.bfp_quantize_dequantize if spec.op == "BFP" else native.mx_quantize_dequantize
+    fn, _ = native_and_reference(spec.op)
     want = fn(x, threads=2, axis=axis, **spec.attrs)
     bad = np.flatnonzero(got.view(np.uint32).ravel() != want.view(np.uint32).ravel())
     assert bad.size == 0, (config, axis, bad[:5], x.ravel()[bad[:5]], got.ravel()[bad[:5]],
@@ -73,7 +74,7 @@ def test_streamed_outer_axis_matches_scalar_path(config, extra, shape, offset, i
     so = ort.SessionOptions()
     so.register_custom_ops_library(ort_mx_ops.get_library_path("CPU"))
     so.log_severity_level = 3
-    op = "BFPQuantizeDequantize" if spec.op == "BFP" else "MXQuantizeDequantize"
+    op = spec.op_type
     model = helper.make_model(helper.make_graph(
         [helper.make_node(op, ["X"], ["Y"], domain="com.amd.quark", axis=0, **attrs)], "g",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(shape))],
@@ -83,7 +84,7 @@ def test_streamed_outer_axis_matches_scalar_path(config, extra, shape, offset, i
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     got = sess.run(None, {"X": x})[0]
     assert native.cpu_isa() == isa
-    fn = native.bfp_quantize_dequantize if spec.op == "BFP" else native.mx_quantize_dequantize
+    fn, _ = native_and_reference(spec.op)
     monkeypatch.setenv("MXOPS_CPU_ISA", "scalar")
     want = fn(x, threads=2, axis=0, **attrs)
     bad = np.flatnonzero(got.view(np.uint32).ravel() != want.view(np.uint32).ravel())

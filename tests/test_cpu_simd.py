@@ -91,7 +91,7 @@ def cpu_path(isa: str):
 
 def _run(op, x, dtype, attrs, isa):
     with cpu_path(isa):
-        fn = native.bfp_quantize_dequantize if op == "BFP" else native.mx_quantize_dequantize
+        fn, _ = native_and_reference(op)
         return fn(x, dtype="bfloat16" if dtype == "bfloat16" else None, threads=2, **attrs)
 
 

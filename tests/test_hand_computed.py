@@ -6,19 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import assert_bits_equal, run_one_node
-from ort_mx_ops import native, reference
+from conftest import assert_bits_equal, native_and_reference, run_one_node
+from ort_mx_ops import native
+from ort_mx_ops.formats import FORMAT_FAMILIES
 
 f32 = np.float32
 NEG0 = -0.0
 
 
 def all_three(op: str, x: np.ndarray, attrs: dict) -> list[np.ndarray]:
-    ref = reference.bfp_quantize_dequantize if op == "BFP" else reference.mx_quantize_dequantize
-    nat = native.bfp_quantize_dequantize if op == "BFP" else native.mx_quantize_dequantize
-    name = "BFPQuantizeDequantize" if op == "BFP" else "MXQuantizeDequantize"
+    nat, ref = native_and_reference(op)
     return [ref(x, **attrs), nat(x, **attrs),
-            run_one_node(name, "com.amd.quark", attrs, x, "float32")]
+            run_one_node(FORMAT_FAMILIES[op], "com.amd.quark", attrs, x, "float32")]
 
 
 def expect(op: str, x, attrs: dict, expected) -> None:

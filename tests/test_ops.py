@@ -8,7 +8,8 @@ import zlib
 import numpy as np
 import pytest
 
-from conftest import as_dtype, assert_bits_equal, run_one_node, sample_tensor
+from conftest import (as_dtype, assert_bits_equal, native_and_reference, run_one_node,
+                      sample_tensor)
 from ort_mx_ops import native, reference
 from ort_mx_ops.formats import CONFIGS
 
@@ -28,7 +29,7 @@ LAYOUTS = [
 
 
 def reference_fn(op: str):
-    return reference.bfp_quantize_dequantize if op == "BFP" else reference.mx_quantize_dequantize
+    return native_and_reference(op)[1]
 
 
 def check(op: str, attrs: dict, x32: np.ndarray, elem: str, legacy: bool = False,
@@ -147,10 +148,10 @@ def test_native_module_matches_onnxruntime() -> None:
     """The pybind module (used to fold weights offline) gives the ORT op's bits, with threads."""
     x = sample_tensor((64, 96, 5), np.random.default_rng(3))
     for name, cfg in BLOCK_CONFIGS.items():
-        fn = native.bfp_quantize_dequantize if cfg.op == "BFP" else native.mx_quantize_dequantize
+        fn, _ = native_and_reference(cfg.op)
         for axis in (1, -1):
             attrs = dict(cfg.attrs, axis=axis)
-            op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
+            op = cfg.op_type
             expected = run_one_node(op, "com.amd.quark", attrs, x, "float32", threads=2)
             assert_bits_equal(fn(x, threads=3, **attrs), expected, f"native {name} axis {axis}")
             assert_bits_equal(fn(np.asfortranarray(x), **attrs), expected, "non-contiguous input")
@@ -201,14 +202,14 @@ def test_thread_pool_split(config: str, layout) -> None:
     cfg = BLOCK_CONFIGS[config]
     attrs = dict(cfg.attrs, axis=axis)
     x = sample_tensor(shape, np.random.default_rng(zlib.crc32(f"{config}{shape}".encode())))
-    op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
+    op = cfg.op_type
     expected = reference_fn(cfg.op)(x, **attrs)
     serial = run_one_node(op, "com.amd.quark", attrs, x, "float32", threads=1)
     assert_bits_equal(serial, expected, f"serial {config} {shape}")
     for threads in (2, 3):
         got = run_one_node(op, "com.amd.quark", attrs, x, "float32", threads=threads)
         assert_bits_equal(got, serial, f"ORT {threads} threads {config} {shape}")
-    fn = native.bfp_quantize_dequantize if cfg.op == "BFP" else native.mx_quantize_dequantize
+    fn, _ = native_and_reference(cfg.op)
     assert_bits_equal(fn(x, threads=4, **attrs), serial, f"native 4 threads {config} {shape}")
     odd = dict(attrs, block_size=5) if cfg.op == "MX" or attrs["bfp_method"] == "to_bfp" else \
         dict(attrs, block_size=12, sub_block_size=3)  # the scalar walker's split

@@ -21,7 +21,7 @@ from ort_mx_ops.formats import CONFIGS, PRODUCT_DOMAIN
 @pytest.mark.parametrize("config", ["MX6", "MXFP4E2M1", "BFP16"])
 def test_eight_threads_share_one_session(config: str) -> None:
     cfg = CONFIGS[config]
-    op = "BFPQuantizeDequantize" if cfg.op == "BFP" else "MXQuantizeDequantize"
+    op = cfg.op_type
     sess = make_session(one_node_model(op, "com.amd.quark", dict(cfg.attrs, axis=1)), threads=2)
     rng = np.random.default_rng(11)
     inputs = [sample_tensor(shape, rng) for shape in

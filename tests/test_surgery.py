@@ -21,7 +21,7 @@ from ort_mx_ops.formats import FormatSpec
 from ort_mx_ops.quantizer import cli, insert_qdq, quantize_model, strip_qdq
 from ort_mx_ops.quantizer.surgery import TensorError, _graphs, parse_tensor_flag
 
-from conftest import assert_bits_equal
+from conftest import assert_bits_equal, native_and_reference
 from test_quantizer_models import conv_model, feeds_for, matmul_model, two_consumer_model
 
 F = TensorProto.FLOAT
@@ -43,8 +43,7 @@ def quantize_ref(x: np.ndarray, config: str, axis: int | None, flatten: bool = F
         scale, zp = np.float32(1.0), np.zeros((), np.uint16)
         return reference.extended_dequantize_linear(
             reference.extended_quantize_linear(x, scale, zp), scale, zp)
-    fn = reference.bfp_quantize_dequantize if spec.op == "BFP" else \
-        reference.mx_quantize_dequantize
+    _, fn = native_and_reference(spec.op)
     return fn(x, **spec.node_attrs(axis))
 
 
