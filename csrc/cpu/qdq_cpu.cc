@@ -35,6 +35,9 @@ constexpr int64_t kElementsPerTask = 1 << 16;
 // elements already pays for splitting over two threads.
 constexpr int64_t kBlockElementsPerTask = 1 << 14;
 
+// Bytes per element of a tensor of type t.
+constexpr int64_t element_bytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
 // A one-element tensor is returned unchanged (rounded to bfloat16 first when asked).
 template <class IO>
 void copy_identity(const void* x, void* y, bool bf16_first) {
@@ -289,7 +292,7 @@ void quantize_dequantize_padded(const QdqParams& p, DType t, const void* x, void
   // divides L) a block lies within one group.
   const int64_t rows = g.lanes > 1 ? walk_block_size(p, g) : 1;
   const int64_t tail = (pad.groups - 1) / rows * rows;  // first group of the padded block
-  const int64_t bytes = t == DType::kFloat32 ? 4 : 2;
+  const int64_t bytes = element_bytes(t);
   // The walk over `groups` consecutive channel groups of one batch.
   auto groups_view = [&](int64_t groups) {
     Geometry v = g;
@@ -339,7 +342,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   const UnitPlan plan = plan_units(g, walk_block_size(p, g));
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
-  const int64_t input_bytes = g.num_elements * (t == DType::kFloat32 ? 4 : 2);
+  const int64_t input_bytes = g.num_elements * element_bytes(t);
   const bool prefetch_rows = prefetch_rows_for_call(input_bytes);
   run_tasks(run, tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);
