@@ -28,17 +28,14 @@ LAYOUTS = [
 ]
 
 
-def reference_fn(op: str):
-    return native_and_reference(op)[1]
-
-
 def check(op: str, attrs: dict, x32: np.ndarray, elem: str, legacy: bool = False,
           threads: int = 1) -> None:
     x = as_dtype(x32, elem)
     name = {("BFP", False): "BFPQuantizeDequantize", ("MX", False): "MXQuantizeDequantize",
             ("BFP", True): "BFPFixNeuron", ("MX", True): "MXFixNeuron"}[(op, legacy)]
     domain = "com.vai.quantize" if legacy else "com.amd.quark"
-    expected = reference_fn(op)(x, dtype=elem if elem == "bfloat16" else None, **attrs)
+    _, ref = native_and_reference(op)
+    expected = ref(x, dtype=elem if elem == "bfloat16" else None, **attrs)
     got = run_one_node(name, domain, attrs, x, elem, threads=threads)
     assert_bits_equal(got, expected, f"{name} {attrs} {elem} {x.shape}")
 
@@ -203,18 +200,18 @@ def test_thread_pool_split(config: str, layout) -> None:
     attrs = dict(cfg.attrs, axis=axis)
     x = sample_tensor(shape, np.random.default_rng(zlib.crc32(f"{config}{shape}".encode())))
     op = cfg.op_type
-    expected = reference_fn(cfg.op)(x, **attrs)
+    nat, ref = native_and_reference(cfg.op)
+    expected = ref(x, **attrs)
     serial = run_one_node(op, "com.amd.quark", attrs, x, "float32", threads=1)
     assert_bits_equal(serial, expected, f"serial {config} {shape}")
     for threads in (2, 3):
         got = run_one_node(op, "com.amd.quark", attrs, x, "float32", threads=threads)
         assert_bits_equal(got, serial, f"ORT {threads} threads {config} {shape}")
-    fn, _ = native_and_reference(cfg.op)
-    assert_bits_equal(fn(x, threads=4, **attrs), serial, f"native 4 threads {config} {shape}")
+    assert_bits_equal(nat(x, threads=4, **attrs), serial, f"native 4 threads {config} {shape}")
     odd = dict(attrs, block_size=5) if cfg.op == "MX" or attrs["bfp_method"] == "to_bfp" else \
         dict(attrs, block_size=12, sub_block_size=3)  # the scalar walker's split
     assert_bits_equal(run_one_node(op, "com.amd.quark", odd, x, "float32", threads=3),
-                      reference_fn(cfg.op)(x, **odd), f"odd blocks {config} {shape}")
+                      ref(x, **odd), f"odd blocks {config} {shape}")
 
 
 def _bf16_node_model(op: str, domain: str, in_type: int, scale: np.ndarray,
