@@ -10,7 +10,7 @@ import pytest
 
 from conftest import (as_dtype, assert_bits_equal, native_and_reference, run_one_node,
                       sample_tensor)
-from ort_mx_ops import native, reference
+from ort_mx_ops import reference
 from ort_mx_ops.formats import CONFIGS
 
 DTYPES = ["float32", "float16", "bfloat16"]
