@@ -576,13 +576,15 @@ struct Walker {
     const int64_t span = span_nv * W * W;
     for (int64_t g = 0; g < n_simd;) {
       int64_t stop = n_simd;
-      if (span > 0 && g + span <= n_simd) {
-        switch (span_nv) {
-          case 1: g = spans<1>(pol, px, py, g, n_simd); break;
-          case 2: g = spans<2>(pol, px, py, g, n_simd); break;
-          default: g = spans<4>(pol, px, py, g, n_simd); break;
+      if constexpr (W > 1) {  // (no spans one lane wide: span_nv is 0)
+        if (span > 0 && g + span <= n_simd) {
+          switch (span_nv) {
+            case 1: g = spans<1>(pol, px, py, g, n_simd); break;
+            case 2: g = spans<2>(pol, px, py, g, n_simd); break;
+            default: g = spans<4>(pol, px, py, g, n_simd); break;
+          }
+          if (g + span <= n_simd) stop = g + span;
         }
-        if (g + span <= n_simd) stop = g + span;
       }
       for (; g < stop; g += group) {
         prefetch(px + g, py + g);
@@ -1379,32 +1381,31 @@ struct Walker {
   // called directly (AVX2, Zen 3, one thread, the classifier's 16 NCHWc activation shapes,
   // both walks alternating in one program): MXINT8 0.84x the time, MXFP8E4M3 0.90,
   // MXFP4E2M1 0.92; [1, 24, 12, 96] MXINT8 0.64-0.70x.
+  // Policies without a plain form (non-default roundings) take pixel_group alone, with the
+  // same compile-time row and pixel counts.
   template <int64_t kRows>
   __attribute__((noinline)) int64_t pixel_groups(const Pol pol, const T* px, T* py, int64_t inner,
                                                  int64_t nv) const {
     int64_t v0 = 0;
-    for (; v0 + W <= nv; v0 += W)
-      if (!pixel_group_finite<kRows>(pol, px + v0 * W, py + v0 * W, inner))
-        pixel_group<kRows, W>(pol, px + v0 * W, py + v0 * W, kRows, inner, W);
+    for (; v0 + W <= nv; v0 += W) {
+      if constexpr (Pol::kPlain > 0)
+        if (pixel_group_finite<kRows>(pol, px + v0 * W, py + v0 * W, inner)) continue;
+      pixel_group<kRows, W>(pol, px + v0 * W, py + v0 * W, kRows, inner, W);
+    }
     return v0;
   }
 
+  // n rows per block: whole groups of W pixels by pixel_groups for n <= 4, the rest (other n,
+  // the last nv % W vectors) by pixel_group with n and the pixel count at run time.
   MXOPS_VINL void pixel_blocks(const Pol& pol, const T* px, T* py, int64_t n, int64_t inner,
                                int64_t nv) const {
     int64_t v0 = 0;
-    if constexpr (Pol::kPlain > 0 && W > 1) {
-      switch (n) {
-        case 1: v0 = pixel_groups<1>(pol, px, py, inner, nv); break;
-        case 2: v0 = pixel_groups<2>(pol, px, py, inner, nv); break;
-        case 3: v0 = pixel_groups<3>(pol, px, py, inner, nv); break;
-        case 4: v0 = pixel_groups<4>(pol, px, py, inner, nv); break;
-        default: break;
-      }
-    } else {
-      if (n == 4)
-        for (; v0 + W <= nv; v0 += W) pixel_group<4, W>(pol, px + v0 * W, py + v0 * W, n, inner, W);
-      else if (n == 2)
-        for (; v0 + W <= nv; v0 += W) pixel_group<2, W>(pol, px + v0 * W, py + v0 * W, n, inner, W);
+    switch (n) {
+      case 1: v0 = pixel_groups<1>(pol, px, py, inner, nv); break;
+      case 2: v0 = pixel_groups<2>(pol, px, py, inner, nv); break;
+      case 3: v0 = pixel_groups<3>(pol, px, py, inner, nv); break;
+      case 4: v0 = pixel_groups<4>(pol, px, py, inner, nv); break;
+      default: break;
     }
     for (; v0 < nv; v0 += W)
       pixel_group<0, 0>(pol, px + v0 * W, py + v0 * W, n, inner, static_cast<int>(min64(W, nv - v0)));
