@@ -122,21 +122,33 @@ bool split_512_bit_units() { return amd_zen4(); }
 // processor").
 bool row_prefetch_helps() { return !amd_zen4(); }
 
-// Whether the innermost walks of a call over `bytes` of input prefetch: MXOPS_CPU_PREFETCH=1 /
-// 0 forces it on / off (to measure both on one machine); unset or empty, where
-// row_prefetch_helps() and the input is at least kStreamBytes (block_walker.h). Below that
-// the tensor is mostly in the caches, and on Zen 3 the prefetches measured 0-5 % slower there
-// (64 Ki and 1 Mi float32 elements) where they gain 5-15 % at 16 Mi. The outputs are the same
-// bits either way.
-bool prefetch_rows_for_call(int64_t bytes) {
+// Blocks of more input bytes than this walk without the software prefetches. On Zen 3
+// (ort-mx-bench, 16 Mi elements, blocked axis innermost, xNeg with -> without, three runs each,
+// 2026-11-28) float32 blocks of 32 (128 bytes: MXINT8, the MXFP formats) lost with them:
+// MXINT8 0.88-0.94 -> 0.94-1.00 on two threads and 0.70-0.84 -> 0.87-0.93 on one, MXFP8E4M3
+// 0.76-0.88 -> 0.91-0.96 on one and the MXFP formats within the spread on two; blocks of at
+// most 64 bytes gained as before (BFP16 0.94-0.97 -> 1.02-1.07 and MX9 / MX6 / MX4 0.93-0.97
+// -> 0.95-1.04 on two threads; float16 MXINT8 and MXFP8E4M3, 64 bytes, 11-13 % faster on one).
+constexpr int64_t kPrefetchBlockBytes = 64;
+
+// Whether the innermost walks of a call over `bytes` of input, in blocks of `block_bytes`,
+// prefetch: MXOPS_CPU_PREFETCH=1 / 0 forces it on / off (to measure both on one machine);
+// unset or empty, where row_prefetch_helps(), the input is at least kStreamBytes
+// (block_walker.h) and a block at most kPrefetchBlockBytes. Below kStreamBytes the tensor is
+// mostly in the caches, and on Zen 3 the prefetches measured 0-5 % slower there (64 Ki and
+// 1 Mi float32 elements) where they gain 5-15 % at 16 Mi. The outputs are the same bits
+// either way.
+bool prefetch_rows_for_call(int64_t bytes, int64_t block_bytes) {
   const char* req = std::getenv("MXOPS_CPU_PREFETCH");
-  if (req == nullptr || *req == '\0') return row_prefetch_helps() && bytes >= kStreamBytes;
+  if (req == nullptr || *req == '\0')
+    return row_prefetch_helps() && bytes >= kStreamBytes && block_bytes <= kPrefetchBlockBytes;
   if (std::strcmp(req, "1") == 0) return true;
   if (std::strcmp(req, "0") == 0) return false;
   throw InvalidArgument{std::string("MXOPS_CPU_PREFETCH=") + req +
                         " is not 0 or 1 (or unset: on this processor " +
                         (row_prefetch_helps() ? "1" : "0") + " for inputs of " +
-                        std::to_string(kStreamBytes >> 20) + " MiB or more)"};
+                        std::to_string(kStreamBytes >> 20) + " MiB or more in blocks of at most " +
+                        std::to_string(kPrefetchBlockBytes) + " bytes)"};
 }
 
 // Says once per requested value, on stderr, that the processor cannot run that path.
@@ -343,7 +355,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
   const int64_t input_bytes = g.num_elements * element_bytes(t);
-  const bool prefetch_rows = prefetch_rows_for_call(input_bytes);
+  const bool prefetch_rows = prefetch_rows_for_call(input_bytes, p.block_size * element_bytes(t));
   run_tasks(run, tasks, [&](int64_t task) {
     const int64_t u0 = task * per_task, u1 = std::min(plan.units, u0 + per_task);
 #if MXOPS_HAVE_SIMD16
