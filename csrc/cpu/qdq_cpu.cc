@@ -127,8 +127,9 @@ bool row_prefetch_helps() { return !amd_zen4(); }
 // 2026-11-28) float32 blocks of 32 (128 bytes: MXINT8, the MXFP formats) lost with them:
 // MXINT8 0.88-0.94 -> 0.94-1.00 on two threads and 0.70-0.84 -> 0.87-0.93 on one, MXFP8E4M3
 // 0.76-0.88 -> 0.91-0.96 on one and the MXFP formats within the spread on two; blocks of at
-// most 64 bytes gained as before (BFP16 0.94-0.97 -> 1.02-1.07 and MX9 / MX6 / MX4 0.93-0.97
-// -> 0.95-1.04 on two threads; float16 MXINT8 and MXFP8E4M3, 64 bytes, 11-13 % faster on one).
+// most 64 bytes gained as before (with -> without: BFP16 1.02-1.07 -> 0.94-0.97 and MX9 / MX6
+// / MX4 0.95-1.04 -> 0.93-0.97 on two threads; float16 MXINT8 and MXFP8E4M3, 64 bytes, 11-13 %
+// faster with them on one).
 constexpr int64_t kPrefetchBlockBytes = 64;
 
 // Whether the innermost walks of a call over `bytes` of input, in blocks of `block_bytes`,
