@@ -428,11 +428,12 @@ def test_row_prefetch_setting_keeps_the_bits(config, prefetch, isa, monkeypatch)
 
 def test_unknown_row_prefetch_setting_is_an_error(monkeypatch):
     """MXOPS_CPU_PREFETCH other than 0 / 1 fails the op (pybind and ONNX Runtime), naming
-    the values and this processor's default."""
+    the values and this processor's default (by input size and block size)."""
     from conftest import make_session, one_node_model, run_session
     monkeypatch.setenv("MXOPS_CPU_PREFETCH", "yes")
     with pytest.raises(ValueError,
-                       match="MXOPS_CPU_PREFETCH=yes is not 0 or 1.*on this processor [01] for inputs of 16 MiB"):
+                       match="MXOPS_CPU_PREFETCH=yes is not 0 or 1.*on this processor [01] for inputs of "
+                             "16 MiB or more in blocks of at most 64 bytes"):
         native.mx_quantize_dequantize(np.ones((4, 32), np.float32))
     sess = make_session(one_node_model("MXQuantizeDequantize", "com.amd.quark", {}))
     with pytest.raises(Exception, match="MXOPS_CPU_PREFETCH=yes"):
