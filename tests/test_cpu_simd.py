@@ -228,6 +228,66 @@ def test_innermost_blocks_near_the_clamp(config, dtype, isa):
                               f"{config} {dtype} {x.shape} spoilt={spoil} {isa}")
 
 
+# Blocked axis outer, rows a multiple of 2 KiB apart and blocks of 16 or 32 rows: the row walk
+# (block_walker.h, row_walk), both passes a whole row of up to 1024 columns at a time, each
+# segment of 128 columns in its own form: the rounding alone, with the clamp, the fast form (a
+# -0 or negative subnormal in a block), the tile walk (Inf / NaN; blocks too tiny or too large
+# for the fast form), to_bfp_prime's sub-blocks with or without the subnormal flush. Rows of
+# 1536 columns make units of 1024 and 512 columns; row counts that are not a multiple of four
+# or of the block size, and an odd last sub-block; a non-default rounding (no row walk: the
+# tile walk per 128 columns of the same units). Every path against the numpy reference.
+ROW_WALK_SEGMENTS = ["normal", "clamp", "negative zero", "special", "scales", "tiny"]
+
+
+def _row_walk_input(rows, cols, block, rng):
+    """float32 [rows, cols] whose 128-column segments each hold one of ROW_WALK_SEGMENTS'
+    kinds of blocks (down axis 0), starting at a random kind."""
+    x = np.empty((rows, cols), np.float32)
+    start = int(rng.integers(0, len(ROW_WALK_SEGMENTS)))
+    for i, c0 in enumerate(range(0, cols, 128)):
+        w = min(128, cols - c0)
+        kind = ROW_WALK_SEGMENTS[(start + i) % len(ROW_WALK_SEGMENTS)]
+        seg = (rng.standard_normal((rows, w)) * 4).astype(np.float32)
+        if kind == "clamp":
+            seg = _near_clamp_blocks((rows, w), block, rng)
+        elif kind == "negative zero":
+            seg = _sprinkled(seg, np.array([-0.0, -(2.0**-140)], np.float32), 300, rng)
+        elif kind == "special":
+            seg = _sprinkled(seg, np.array([np.nan, np.inf, -np.inf], np.float32), 500, rng)
+        elif kind == "scales":
+            seg = np.ascontiguousarray(_blocks_at_scales((w, rows), block, rng).T)
+        elif kind == "tiny":
+            seg = seg * np.float32(2.0**-135)
+        x[:, c0:c0 + w] = seg
+    return x
+
+
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MXINT8", "MXFP8E4M3", "MXFP6E2M3", "MXFP4E2M1", "MX9", "MX6",
+                                    "MX4", "MXINT8 rounding_mode=1"])
+def test_outer_row_walk_mixed_segments(config, dtype, isa):
+    name, _, extra = config.partition(" ")
+    spec = formats.CONFIGS[name]
+    attrs = dict(spec.attrs, axis=0)
+    if extra:
+        key, value = extra.split("=")
+        attrs[key] = int(value)
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(13 * len(config) + len(dtype))
+    block = attrs["block_size"]
+    # rows 2, 4 and 6 KiB apart (float32) or 2 and 6 KiB (16-bit types)
+    widths = [512, 1024, 1536] if dtype == "float32" else [1024, 3072]
+    for cols in widths:
+        for rows in (3 * block + 5, 2 * block):
+            x = _row_walk_input(rows, cols, block, rng)
+            with np.errstate(over="ignore"):
+                xs, bf = _as_dtype(x, dtype, np.float32(1.0))
+            with cpu_path(isa), np.errstate(over="ignore"):
+                got = nat(xs, dtype=bf, threads=2, **attrs)
+            assert_bits_equal(got, ref(xs, dtype=bf, **attrs), f"{config} {dtype} {(rows, cols)} {isa}")
+
+
 def _sprinkled(x, specials, every, rng):
     """A copy of x with one element in `every` (at least one) replaced by one of `specials`."""
     x = x.copy()

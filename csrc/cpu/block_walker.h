@@ -36,6 +36,12 @@ namespace mxops::cpu {
 // kTileColumns neighbouring columns, so rows stay contiguous in memory.
 constexpr int64_t kChunk = 16384;
 constexpr int64_t kTileColumns = 128;
+// Blocked axis outer, rows a multiple of kRowWalkStrideBytes apart, blocks of at least
+// kRowWalkRows rows: a unit is one block down the axis across kRowColumns columns, walked a
+// whole row at a time (Walker::row_walk).
+constexpr int64_t kRowWalkStrideBytes = 2048;
+constexpr int64_t kRowWalkRows = 16;
+constexpr int64_t kRowColumns = 1024;
 // Software prefetch distance along a stream, in bytes.
 constexpr int64_t kPrefetchBytes = 2048;
 // Blocked axis outer, float32: outputs of at least this many bytes are written with
@@ -73,7 +79,7 @@ MXOPS_VINL int64_t walk_block_size(const QdqParams& p, const Geometry& g) {
   return g.lanes > 1 ? p.block_size / g.lanes : p.block_size;
 }
 
-MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size) {
+MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size, int64_t element_bytes) {
   UnitPlan p;
   const int64_t bs = block_size;
   if (g.inner == 1) {
@@ -86,6 +92,8 @@ MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size) {
     // columns would hold a few hundred elements; a unit of whole kTileColumns-column tiles
     // side by side holds about kChunk (lanes_tile walks them in one pass).
     if (g.lanes > 1 && bs < kChunk / kTileColumns) p.tile_columns = kChunk / bs / kTileColumns * kTileColumns;
+    if (g.lanes == 1 && g.inner * element_bytes % kRowWalkStrideBytes == 0 && bs >= kRowWalkRows)
+      p.tile_columns = kRowColumns;
     const int64_t tw = p.tile_columns;
     const int64_t tiles = (g.inner + tw - 1) / tw;
     const int64_t blocks = (g.length + bs - 1) / bs;
@@ -1207,6 +1215,143 @@ struct Walker {
   }
 
   // ---------------------------------------------------------------------------------------
+  // Blocked axis outer, rows a multiple of kRowWalkStrideBytes apart (plan_units): a unit is a
+  // block of n rows across up to kRowColumns columns, and both passes read its rows in order,
+  // each from its start to its end, where the tile and column walks read a few vectors of
+  // each row at a time. Rows a multiple of 2 KiB apart put those lines into one or two L1
+  // sets, and a tile's n rows of 512 bytes are n streams for the hardware prefetchers; a
+  // whole block of rows in order is one. The parameters of every column vector are computed
+  // once, between the passes, into an array the second pass reads row after row.
+  // ---------------------------------------------------------------------------------------
+
+  static constexpr int64_t kRowVectors = kRowColumns / W;
+  static constexpr int64_t kRowSegments = kRowVectors / kTileVectors;
+  // How the second pass of row_walk takes a segment (kTileVectors column vectors): the plain
+  // form without or with its clamp, the fast form, to_bfp_prime's sub-blocks in their fast
+  // form (normal: no flush), or the tile walk (blocks with Inf or NaN, or outside the fast form).
+  enum class RowForm : uint8_t { kUnclamped, kPlain, kFast, kSubNormal, kSub, kTile };
+  static constexpr bool kRowWalk = !Stream && W > 1 && (Pol::kPlain > 0 || Pol::kSubBlocks);
+
+  static MXOPS_VINL I magnitude_bits(F v) { return as_int(f2u(v)) & 0x7fffffff; }
+
+  // The first pass of row_walk over n rows `inner` apart from p: fold(v, xv) for column
+  // vector v of four rows at a time, xv[0..4) (the last rows of an n not a multiple of four
+  // repeat the last row), so a column's running maximum is read and written once per four
+  // rows; rows in order.
+  template <class Fold>
+  MXOPS_VINL void rows_of_four(const T* p, int64_t n, int64_t nv, const Fold& fold) const {
+    for (int64_t j = 0; j < n; j += 4) {
+      const T* r[4];
+      for (int i = 0; i < 4; ++i) r[i] = p + min64(j + i, n - 1) * inner;
+      for (int64_t v = 0; v < nv; ++v) {
+        const F xv[4] = {load(r[0] + v * W), load(r[1] + v * W), load(r[2] + v * W), load(r[3] + v * W)};
+        fold(v, xv);
+      }
+    }
+  }
+
+  // n rows of the nv column vectors from px (nv <= kRowVectors): the first pass's greatest
+  // magnitudes (plain form) or keys, each segment's form and parameters, then the rows.
+  void row_walk(int64_t base, int64_t n, int64_t nv) const {
+    const Pol pol = this->pol;
+    const T* const px = x + base;
+    T* const py = y + base;
+    const int64_t inner = this->inner;
+    const int64_t segments = (nv + kTileVectors - 1) / kTileVectors;
+    alignas(64) I s[kRowVectors];
+    alignas(64) typename Pol::Fast prm[Pol::kPlain > 0 ? kRowVectors : 1];
+    RowForm form[kRowSegments];
+    auto seg_end = [&](int64_t g) { return min64(nv, (g + 1) * kTileVectors); };
+    if constexpr (Pol::kPlain > 0) {
+      alignas(64) I a[kRowVectors], bmin[kRowVectors];
+      magnitudes_start(nv, a, bmin);
+      rows_of_four(px, n, nv, [&](int64_t v, const F* xv) {
+        I m = magnitude_bits(xv[0]), b = as_int(f2u(xv[0]));
+        for (int r = 1; r < 4; ++r) {
+          m = imax(m, magnitude_bits(xv[r]));
+          if constexpr (Pol::kPlain > 1) b = imin(b, as_int(f2u(xv[r])));
+        }
+        a[v] = imax(a[v], m);
+        if constexpr (Pol::kPlain > 1) bmin[v] = imin(bmin[v], b);
+      });
+      for (int64_t g = 0; g < segments; ++g) {
+        const int64_t v0 = g * kTileVectors, v1 = seg_end(g);
+        bool usable = true;
+        for (int64_t v = v0; v < v1; ++v) {
+          s[v] = pol.exponent_of_magnitude(a[v]);
+          usable = usable && L::all(magnitude_finite(a[v]) & pol.fast_mask(s[v]));
+        }
+        if (!usable) {
+          form[g] = RowForm::kTile;
+          continue;
+        }
+        bool plain = true, unclamped = true;
+        for (int64_t v = v0; v < v1; ++v) {
+          prm[v] = pol.fast_params(s[v], s[v]);
+          plain = plain && pol.plain_finite(prm[v], bmin[v]);
+          unclamped = unclamped && pol.unclamped(prm[v], a[v]);
+        }
+        form[g] = !plain ? RowForm::kFast : unclamped ? RowForm::kUnclamped : RowForm::kPlain;
+      }
+    } else {
+      alignas(64) K k[kRowVectors];
+      for (int64_t v = 0; v < nv; ++v) k[v] = K{};  // (every key is at least 0)
+      rows_of_four(px, n, nv, [&](int64_t v, const F* xv) {
+        K m = pol.key(xv[0]);
+        for (int r = 1; r < 4; ++r) m = imax(m, pol.key(xv[r]));
+        k[v] = imax(k[v], m);
+      });
+      for (int64_t g = 0; g < segments; ++g) {
+        bool fast = sub == 2, normal = true;
+        for (int64_t v = g * kTileVectors; v < seg_end(g); ++v) {
+          s[v] = pol.exponent(k[v]);
+          fast = fast && pol.fast(s[v]);
+          normal = normal && pol.normal(s[v]);
+        }
+        form[g] = !fast ? RowForm::kTile : normal ? RowForm::kSubNormal : RowForm::kSub;
+      }
+    }
+    for (int64_t g = 0; g < segments; ++g)
+      if (form[g] == RowForm::kTile)
+        tile_walk<0>(pol, px + g * kTileColumns, py + g * kTileColumns, n, seg_end(g) - g * kTileVectors,
+                     base % inner + g * kTileColumns);
+    // The second pass: a row (to_bfp_prime: a sub-block's rows) at a time, each segment in its form.
+    const int64_t step = Pol::kPlain > 0 ? 1 : 2;
+    for (int64_t j = 0; j < n; j += step) {
+      const T* const row = px + j * inner;
+      T* const out = py + j * inner;
+      for (int64_t g = 0; g < segments; ++g) {
+        const int64_t v0 = g * kTileVectors, v1 = seg_end(g);
+        auto each = [&](auto apply) {
+          for (int64_t v = v0; v < v1; ++v) store(out + v * W, apply(load(row + v * W), prm[v]));
+        };
+        switch (form[g]) {
+          case RowForm::kTile: break;
+          case RowForm::kUnclamped:
+            if constexpr (Pol::kPlain > 0) each([&](F xv, const auto& q) { return pol.apply_unclamped(xv, q); });
+            break;
+          case RowForm::kPlain:
+            if constexpr (Pol::kPlain > 0) each([&](F xv, const auto& q) { return pol.apply_plain(xv, q); });
+            break;
+          case RowForm::kFast:
+            if constexpr (Pol::kPlain > 0) each([&](F xv, const auto& q) { return pol.apply_fast(xv, q); });
+            break;
+          case RowForm::kSubNormal:
+            if constexpr (Pol::kSubBlocks)
+              tile_sub_blocks<2, true, true>(pol, row + v0 * W, inner, out + v0 * W, min64(2, n - j), 2,
+                                             inner, v1 - v0, s + v0);
+            break;
+          case RowForm::kSub:
+            if constexpr (Pol::kSubBlocks)
+              tile_sub_blocks<2, true>(pol, row + v0 * W, inner, out + v0 * W, min64(2, n - j), 2, inner,
+                                       v1 - v0, s + v0);
+            break;
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
   // The NCHWc view (lanes > 1): a block is `n` rows x `lanes` aligned columns. The maxima run
   // down the rows per column, then over each aligned group of `lanes` columns; sub-blocks of
   // to_bfp_prime are `sub` adjacent columns of one row (sub <= lanes) or sub / lanes rows of
@@ -1629,6 +1774,17 @@ struct Walker {
           lanes_tile(base, n, cols);
           continue;
         }
+      }
+      if (tw > kTileColumns) {  // a row walk's unit (plan_units)
+        if constexpr (kRowWalk) {
+          const int64_t nv = cols / W;
+          row_walk(base, n, nv);
+          if (nv * W < cols) scalar().strided_tile(base + nv * W, n, cols - nv * W);
+        } else {
+          for (int64_t c0 = 0; c0 < cols; c0 += kTileColumns)
+            strided_tile(base + c0, n, min64(kTileColumns, cols - c0));
+        }
+        continue;
       }
       strided_tile(base, n, cols);
     }
