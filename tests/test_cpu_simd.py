@@ -37,10 +37,10 @@ CASES = [
     ("MX", dict(element_dtype="fp4_e2m1", block_size=64)),
 ]
 
-# Blocked axis outer: rows 300 / 70 elements apart take the column walk, rows 2 KiB apart
-# (512 float32) the column walk with kept rows for blocks of 16 and 32, rows 4 KiB apart
-# (1024 float32) the tile walk (float32 with AVX-512: with the tile's rows kept), or kept rows
-# for blocks of 8 (block_walker.h, column_walk).
+# Blocked axis outer: rows 300 / 70 elements apart take the column walk; rows 2 KiB and 4 KiB
+# apart (512 and 1024 float32) the row walk for blocks of 16 and 32 rows in the default
+# rounding (block_walker.h, plan_units), else the column walk with kept rows (2 KiB; 4 KiB for
+# blocks of 8) or the tile walk (4 KiB; float32 with AVX-512: with the tile's rows kept).
 SHAPES = [((3, 517), 1), ((5, 4096), 1), ((2, 40, 37), 1), ((48, 300), 0), ((33, 70), 0),
           ((64, 512), 0), ((40, 1024), 0), ((2, 19, 3, 17), 1)]
 
@@ -98,8 +98,9 @@ def _run(op, x, dtype, attrs, isa):
 # Blocked axis outer with rows 1, 2 and 4 KiB apart, whose column walks depend on where the
 # output lies against the input (block_walker.h, column_walk): the input at three offsets
 # into its buffer (the output's place is numpy's), every path against the numpy reference.
-# Rows 4 KiB and 8 KiB apart take the tile walk, with AVX-512 its kept-tile form for blocks of
-# 32 and 16 rows (a [48, 2048] tensor of 32-element blocks ends in a 16-row block).
+# Rows 2, 4 and 8 KiB apart take the row walk for blocks of 16 and 32 rows (a [48, 2048]
+# tensor of 32-element blocks ends in a 16-row block), the kept columns for BFP16's 8 rows;
+# test_outer_row_walk_mixed_segments below takes the tile walks with a non-default rounding.
 @pytest.mark.parametrize("isa", ["scalar"] + ISAS)
 @pytest.mark.parametrize("config", ["MXINT8", "MX9", "BFP16", "MXFP4E2M1"])
 def test_outer_column_walks_match_reference(config, isa):
@@ -276,16 +277,19 @@ def test_outer_row_walk_mixed_segments(config, dtype, isa):
     nat, ref = native_and_reference(spec.op)
     rng = np.random.default_rng(13 * len(config) + len(dtype))
     block = attrs["block_size"]
-    # rows 2, 4 and 6 KiB apart (float32) or 2 and 6 KiB (16-bit types)
-    widths = [512, 1024, 1536] if dtype == "float32" else [1024, 3072]
-    for cols in widths:
-        for rows in (3 * block + 5, 2 * block):
-            x = _row_walk_input(rows, cols, block, rng)
-            with np.errstate(over="ignore"):
-                xs, bf = _as_dtype(x, dtype, np.float32(1.0))
-            with cpu_path(isa), np.errstate(over="ignore"):
-                got = nat(xs, dtype=bf, threads=2, **attrs)
-            assert_bits_equal(got, ref(xs, dtype=bf, **attrs), f"{config} {dtype} {(rows, cols)} {isa}")
+    # rows 2, 4 and 6 KiB apart (float32: a unit of 1024 and one of 512 columns per block) or
+    # 4 and 12 KiB (16-bit types)
+    if dtype == "float32":
+        shapes = [(3 * block + 5, 512), (2 * block, 1024), (block + 3, 1536)]
+    else:
+        shapes = [(3 * block + 5, 2048), (block + 3, 6144)]
+    for rows, cols in shapes:
+        x = _row_walk_input(rows, cols, block, rng)
+        with np.errstate(over="ignore"):
+            xs, bf = _as_dtype(x, dtype, np.float32(1.0))
+        with cpu_path(isa), np.errstate(over="ignore"):
+            got = nat(xs, dtype=bf, threads=2, **attrs)
+        assert_bits_equal(got, ref(xs, dtype=bf, **attrs), f"{config} {dtype} {(rows, cols)} {isa}")
 
 
 def _sprinkled(x, specials, every, rng):
