@@ -39,7 +39,8 @@ constexpr int64_t kTileColumns = 128;
 // Blocked axis outer, rows a multiple of row_walk_stride_bytes() apart, blocks of at least
 // kRowWalkRows rows: a unit is one block down the axis across kRowColumns columns, walked a
 // whole row at a time (Walker::row_walk). float32 from rows 2 KiB apart, the 16-bit types
-// from 4 KiB: at 2 KiB ([1024, 1024]) they measured 3-25 % slower than with the column walk.
+// from 4 KiB: at 2 KiB ([1024, 1024]) bfloat16 measured 17-25 % slower than with the column
+// walk, float16 from 5 % faster to 22 % slower.
 constexpr int64_t kRowWalkRows = 16;
 constexpr int64_t kRowColumns = 1024;
 constexpr int64_t row_walk_stride_bytes(int64_t element_bytes) { return element_bytes == 4 ? 2048 : 4096; }
