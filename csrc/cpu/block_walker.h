@@ -423,9 +423,9 @@ struct Walker {
       for (int i = 0; i < kNv; ++i) {
         const int64_t off = (b * kNv + i) * W;
         if ((off * int64_t(sizeof(T))) % 64 == 0) prefetch(p + off, q + off);  // once per line
-        const I bits = as_int(f2u(load(p + off)));
-        m = i == 0 ? bits & 0x7fffffff : imax(m, bits & 0x7fffffff);
-        if constexpr (Pol::kPlain > 1) bmin = off == 0 ? bits : imin(bmin, bits);
+        const F xv = load(p + off);
+        m = i == 0 ? magnitude_bits(xv) : imax(m, magnitude_bits(xv));
+        if constexpr (Pol::kPlain > 1) bmin = off == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
       }
       a[b] = m;
     }
@@ -434,7 +434,7 @@ struct Walker {
     // walk); s and the fast form's test are only integer operations on the lanes of a block
     // with Inf or NaN, whose results the finite test masks.
     const I s = pol.exponent_of_magnitude(amax);
-    auto ok = magnitude_finite(amax) & pol.fast_mask(s);
+    auto ok = fast_usable(pol, amax, s);
     if constexpr (Pol::kPlain > 1) ok = ok & no_negative_tiny(bmin);
     if (!L::all(ok)) return false;
     const auto prm = pol.fast_params(s, s);
@@ -856,6 +856,13 @@ struct Walker {
       magnitudes_row<kKeep>(p, nc, a, bmin, kKeep ? keep + j * nc : nullptr);
   }
 
+  // x's bit pattern with the sign cleared: ordered as |x| for finite x, above every finite
+  // one for Inf and NaN (magnitude_finite).
+  static MXOPS_VINL I magnitude_bits(F x) { return as_int(f2u(x)) & 0x7fffffff; }
+  // The lanes whose block (greatest magnitude bits a, exponent s) is finite and within the
+  // fast form's range.
+  static MXOPS_VINL auto fast_usable(const Pol& pol, I a, I s) { return magnitude_finite(a) & pol.fast_mask(s); }
+
   // column_magnitudes' start for nc column vectors, and one row of it: the nc vectors from p
   // into a and bmin, and (kKeep) into keep[0..nc).
   static MXOPS_VINL void magnitudes_start(int64_t nc, I* a, I* bmin) {
@@ -869,9 +876,8 @@ struct Walker {
     for (int64_t c = 0; c < nc; ++c) {
       const F xv = load(p + c * W);
       if constexpr (kKeep) keep[c] = xv;
-      const I bits = as_int(f2u(xv));
-      a[c] = imax(a[c], bits & 0x7fffffff);
-      if constexpr (Pol::kPlain > 1) bmin[c] = imin(bmin[c], bits);
+      a[c] = imax(a[c], magnitude_bits(xv));
+      if constexpr (Pol::kPlain > 1) bmin[c] = imin(bmin[c], as_int(f2u(xv)));
     }
   }
 
@@ -883,16 +889,42 @@ struct Walker {
   template <class Rows>
   static MXOPS_VINL void with_fast_form(const Pol& pol, const typename Pol::Fast* prm, int64_t nc,
                                         const I* a, const I* bmin, const Rows& rows) {
-    if constexpr (Pol::kPlain > 0) {
-      bool plain = a != nullptr;
-      for (int64_t c = 0; plain && c < nc; ++c) plain = pol.plain_finite(prm[c], bmin[c]);
-      if (plain) {
-        // Most blocks: no element rounds past the clamp (its greatest magnitude does not).
-        bool unclamped = true;
-        for (int64_t c = 0; c < nc; ++c) unclamped = unclamped && pol.unclamped(prm[c], a[c]);
-        if (unclamped) return rows([&](F x, int64_t c) { return pol.apply_unclamped(x, prm[c]); });
-        return rows([&](F x, int64_t c) { return pol.apply_plain(x, prm[c]); });
+    FastFormTally tally;
+    if (a == nullptr) tally.plain = false;
+    for (int64_t c = 0; tally.plain && c < nc; ++c) tally.add(pol, prm[c], a[c], bmin[c]);
+    rows_in_form(pol, tally.form(), prm, rows);
+  }
+
+  // The element functions of the fast form's parameters: the plain form without its clamp,
+  // the plain form, or apply_fast.
+  enum class FastForm : uint8_t { kUnclamped, kPlain, kFast };
+
+  // The form for a run of finite blocks, added one vector of blocks at a time (parameters
+  // prm, greatest magnitude bits a, least bit pattern bmin): the plain form where every
+  // block is plain, without its clamp where no block's greatest magnitude rounds past it
+  // (most blocks); else apply_fast.
+  struct FastFormTally {
+    bool plain = Pol::kPlain > 0, unclamped = true;
+    MXOPS_VINL void add(const Pol& pol, const typename Pol::Fast& prm, I a, I bmin) {
+      if constexpr (Pol::kPlain > 0) {
+        plain = plain && pol.plain_finite(prm, bmin);
+        unclamped = unclamped && pol.unclamped(prm, a);
       }
+    }
+    MXOPS_VINL FastForm form() const {
+      return !plain ? FastForm::kFast : unclamped ? FastForm::kUnclamped : FastForm::kPlain;
+    }
+  };
+
+  // rows(apply) with apply(x, c) the element function of `form` for vector c's parameters.
+  // The policy by value: by reference, row_walk's second pass ran 3-5 % slower (MXFP4E2M1,
+  // in-cache shapes), GCC reloading its fields after the stores.
+  template <class Rows>
+  static MXOPS_VINL void rows_in_form(Pol pol, FastForm form, const typename Pol::Fast* prm,
+                                      const Rows& rows) {
+    if constexpr (Pol::kPlain > 0) {
+      if (form == FastForm::kUnclamped) return rows([&](F x, int64_t c) { return pol.apply_unclamped(x, prm[c]); });
+      if (form == FastForm::kPlain) return rows([&](F x, int64_t c) { return pol.apply_plain(x, prm[c]); });
     }
     rows([&](F x, int64_t c) { return pol.apply_fast(x, prm[c]); });
   }
@@ -1065,8 +1097,8 @@ struct Walker {
       I next_a[kCols], next_bmin[kCols];
       I s[kCols];
       for (int c = 0; c < kCols; ++c) s[c] = pol.exponent_of_magnitude(a[c]);
-      auto usable = magnitude_finite(a[0]) & pol.fast_mask(s[0]);
-      for (int c = 1; c < kCols; ++c) usable = usable & magnitude_finite(a[c]) & pol.fast_mask(s[c]);
+      auto usable = fast_usable(pol, a[0], s[0]);
+      for (int c = 1; c < kCols; ++c) usable = usable & fast_usable(pol, a[c], s[c]);
       if (!L::all(usable)) {
         column_blocks<kN, kCols, kKeep>(pol, col, out, n, inner);
         if (next_col) first_pass(next_col, next_keep, next_a, next_bmin);
@@ -1240,10 +1272,15 @@ struct Walker {
   // How the second pass of row_walk takes a segment (kTileVectors column vectors): the plain
   // form without or with its clamp, the fast form, to_bfp_prime's sub-blocks in their fast
   // form (normal: no flush), or the tile walk (blocks with Inf or NaN, or outside the fast form).
-  enum class RowForm : uint8_t { kUnclamped, kPlain, kFast, kSubNormal, kSub, kTile };
+  enum class RowForm : uint8_t {
+    kUnclamped = uint8_t(FastForm::kUnclamped),
+    kPlain = uint8_t(FastForm::kPlain),
+    kFast = uint8_t(FastForm::kFast),
+    kSubNormal,
+    kSub,
+    kTile
+  };
   static constexpr bool kRowWalk = !Stream && W > 1 && (Pol::kPlain > 0 || Pol::kSubBlocks);
-
-  static MXOPS_VINL I magnitude_bits(F v) { return as_int(f2u(v)) & 0x7fffffff; }
 
   // The first pass of row_walk over n rows `inner` apart from p: fold(v, xv) for column
   // vector v of four rows at a time, xv[0..4) (the last rows of an n not a multiple of four
@@ -1290,19 +1327,18 @@ struct Walker {
         bool usable = true;
         for (int64_t v = v0; v < v1; ++v) {
           s[v] = pol.exponent_of_magnitude(a[v]);
-          usable = usable && L::all(magnitude_finite(a[v]) & pol.fast_mask(s[v]));
+          usable = usable && L::all(fast_usable(pol, a[v], s[v]));
         }
         if (!usable) {
           form[g] = RowForm::kTile;
           continue;
         }
-        bool plain = true, unclamped = true;
+        FastFormTally tally;
         for (int64_t v = v0; v < v1; ++v) {
           prm[v] = pol.fast_params(s[v], s[v]);
-          plain = plain && pol.plain_finite(prm[v], bmin[v]);
-          unclamped = unclamped && pol.unclamped(prm[v], a[v]);
+          tally.add(pol, prm[v], a[v], bmin[v]);
         }
-        form[g] = !plain ? RowForm::kFast : unclamped ? RowForm::kUnclamped : RowForm::kPlain;
+        form[g] = RowForm(tally.form());
       }
     } else {
       alignas(64) K k[kRowVectors];
@@ -1333,19 +1369,15 @@ struct Walker {
       T* const out = py + j * inner;
       for (int64_t g = 0; g < segments; ++g) {
         const int64_t v0 = g * kTileVectors, v1 = seg_end(g);
-        auto each = [&](auto apply) {
-          for (int64_t v = v0; v < v1; ++v) store(out + v * W, apply(load(row + v * W), prm[v]));
-        };
         switch (form[g]) {
           case RowForm::kTile: break;
           case RowForm::kUnclamped:
-            if constexpr (Pol::kPlain > 0) each([&](F xv, const auto& q) { return pol.apply_unclamped(xv, q); });
-            break;
           case RowForm::kPlain:
-            if constexpr (Pol::kPlain > 0) each([&](F xv, const auto& q) { return pol.apply_plain(xv, q); });
-            break;
           case RowForm::kFast:
-            if constexpr (Pol::kPlain > 0) each([&](F xv, const auto& q) { return pol.apply_fast(xv, q); });
+            if constexpr (Pol::kPlain > 0)
+              rows_in_form(pol, FastForm(form[g]), prm, [&](auto apply) {
+                for (int64_t v = v0; v < v1; ++v) store(out + v * W, apply(load(row + v * W), v));
+              });
             break;
           case RowForm::kSubNormal:
             if constexpr (Pol::kSubBlocks)
