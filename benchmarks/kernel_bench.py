@@ -11,6 +11,7 @@ blocked along the channels, as there.
     ort-mx-bench --kernel                                   # every BFP / MX configuration
     ort-mx-bench --kernel --configs MXINT8,BFP16 --per-shape
     ort-mx-bench --kernel --shapes 256x16x16,64x56x56*2 --nchwc
+    ort-mx-bench --kernel --nchwc --input hardswish         # inputs with -0, as after Hardswish
     MXOPS_CPU_ISA=avx2 ort-mx-bench --kernel                # another SIMD path
 
 The negation loop is compiled for the baseline instruction set, as onnxruntime's ``Neg`` is;
@@ -28,7 +29,7 @@ import numpy as np
 
 from ort_mx_ops.benchmarks import graphs, harness
 
-__all__ = ["CLASSIFIER_SHAPES", "parse_shapes", "run", "main"]
+__all__ = ["CLASSIFIER_SHAPES", "INPUTS", "activation", "parse_shapes", "run", "main"]
 
 # (channels, height, width), count: see the module docstring.
 CLASSIFIER_SHAPES: tuple[tuple[tuple[int, int, int], int], ...] = (
@@ -59,15 +60,32 @@ def parse_shapes(text: str) -> list[tuple[tuple[int, int, int], int]]:
     return shapes
 
 
+# The inputs --input offers: standard normal values, or Hardswish of three times those (as a
+# CNN's activations after Hardswish: a sixth of the elements -0, from the inputs below -3).
+INPUTS = ("normal", "hardswish")
+
+
+def activation(kind: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A float32 array of ``shape`` of the input ``kind`` (one of INPUTS)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    if kind == "normal":
+        return x
+    if kind == "hardswish":
+        x = np.float32(3) * x
+        return x * np.clip(x / np.float32(6) + np.float32(0.5), 0, 1)  # x * 0 = -0 for x < -3
+    raise ValueError(f"unknown input {kind!r}; known: {', '.join(INPUTS)}")
+
+
 def block_configs() -> list[str]:
     """The benchmark's BFP / MX configurations (BF16 has no block kernel)."""
     return [c for c in graphs.BENCH_CONFIGS if graphs.config_spec(c).op in ("BFP", "MX")]
 
 
 def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
-        nchwc_block: int = 0, rounds: int = 200, seed: int = 0) -> list[dict]:
-    """Time each configuration on ``shapes`` ([1, C, H, W] float32 tensors of normal values,
-    blocked along C; with ``nchwc_block`` the channels are rounded up to a multiple of it and
+        nchwc_block: int = 0, rounds: int = 200, seed: int = 0,
+        input_kind: str = "normal") -> list[dict]:
+    """Time each configuration on ``shapes`` ([1, C, H, W] float32 tensors of the input
+    ``input_kind`` (see :func:`activation`), blocked along C; with ``nchwc_block`` the channels are rounded up to a multiple of it and
     the kernel reads the NCHWc memory order). Returns one row per configuration: totals and
     per-shape seconds (best calls) of the kernel and of the negation loop."""
     from ort_mx_ops import _native
@@ -77,7 +95,7 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
     for (c, h, w), count in shapes:
         if nchwc_block:
             c = -(-c // nchwc_block) * nchwc_block
-        tensors.append(((1, c, h, w), count, rng.standard_normal((1, c, h, w)).astype(np.float32)))
+        tensors.append(((1, c, h, w), count, activation(input_kind, (1, c, h, w), rng)))
     rows = []
     for config in configs:
         spec = graphs.config_spec(config)
@@ -107,7 +125,7 @@ def markdown(doc: dict) -> str:
     load = m.get("load_average")
     lines = ["# Kernel benchmark (the CPU kernel called directly)", "",
              f"- {m['cpu']}; SIMD path {doc['isa']}; one thread; best of {o['rounds']} calls "
-             f"per array; nchwc_block {o['nchwc_block']}"
+             f"per array; nchwc_block {o['nchwc_block']}; input {o.get('input', 'normal')}"
              + (f"; load average {load[0]:.1f} before" if load else "") + f"; {m['time']}", "",
              "| config | elements | ours µs | ours el/ns | Neg µs | Neg el/ns | ×Neg |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -140,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the NCHWc view: channels rounded up to this CPU's NCHWc block, the "
                         "kernel reading onnxruntime's blocked memory order")
     p.add_argument("--rounds", type=int, default=200, help="calls per array (best counts)")
+    p.add_argument("--input", choices=INPUTS, default="normal",
+                   help="the arrays' values: standard normal, or Hardswish of three times "
+                        "those (a sixth -0, as a CNN's activations after Hardswish)")
     p.add_argument("--per-shape", action="store_true", help="also a table per shape")
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--quiet", action="store_true")
@@ -167,10 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--nchwc: onnxruntime uses no NCHWc layout on this CPU")
     from ort_mx_ops import _native
 
-    results = run(configs, shapes, block, args.rounds)
+    results = run(configs, shapes, block, args.rounds, input_kind=args.input)
     doc = {"machine": harness.machine_info(), "isa": _native.cpu_isa(),
            "options": {"configs": configs, "shapes": [[list(s), n] for s, n in shapes],
-                       "nchwc_block": block, "rounds": args.rounds,
+                       "nchwc_block": block, "rounds": args.rounds, "input": args.input,
                        "per_shape": args.per_shape},
            "results": results}
     text = markdown(doc)

@@ -200,8 +200,8 @@ def test_outer_column_pairs_mixed_forms(config, dtype, isa):
 
 
 # The blocked axis innermost: W blocks at a time take the rounding alone or with the clamp
-# where all of them are finite and free of negative zeros and subnormals (block_walker.h,
-# blocks_plain), else the general walk. Rows of blocks near the clamp (W blocks of one, two or
+# where all of them are finite, with the sign fix-up where one holds a negative zero or
+# subnormal (block_walker.h, blocks_plain), else the general walk. Rows of blocks near the clamp (W blocks of one, two or
 # four vectors per step on both paths), then the same with one special value (NaN, Inf,
 # -0, a subnormal, a negative subnormal) in some blocks, so that neighbouring groups of W
 # blocks take different walks; every path against the numpy reference.

@@ -35,6 +35,16 @@ def test_nchwc_rounds_the_channels_up():
     assert rows[0]["elements"] == 16 * 2 * 16
 
 
+def test_hardswish_input_has_negative_zeros_and_hardswish_range():
+    x = kernel_bench.activation("hardswish", (1, 64, 8, 8), np.random.default_rng(0))
+    assert x.dtype == np.float32
+    negative_zero = (x == 0) & np.signbit(x)
+    assert 0.1 < negative_zero.mean() < 0.25  # P(3 z < -3) = 0.16
+    assert -0.376 < x.min() < 0  # Hardswish's least value: -0.375, at -1.5
+    with pytest.raises(ValueError, match="unknown input"):
+        kernel_bench.activation("uniform", (2,), np.random.default_rng(0))
+
+
 def test_bf16_has_no_block_kernel():
     assert "BF16" not in kernel_bench.block_configs()
     with pytest.raises(ValueError, match="no block kernel"):
@@ -78,6 +88,7 @@ def test_cli_writes_json_and_markdown(tmp_path):
     assert [r["config"] for r in doc["results"]] == ["MXINT8", "MXFP4E2M1"]
     assert doc["options"]["shapes"] == [[[32, 2, 16], 2], [[8, 1, 16], 1]]
     assert doc["isa"] in ("scalar", "avx2", "avx512")
+    assert doc["options"]["input"] == "normal"
     md = (tmp_path / "kernel_results.md").read_text()
     assert "| MXINT8 | 2176 |" in md  # 32 * 2 * 16 * 2 + 8 * 16 elements
     assert "| [1, 32, 2, 16] | 2 |" in md

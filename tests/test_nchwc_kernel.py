@@ -352,8 +352,8 @@ def test_format_specs_take_no_nchwc_block():
 # Groups of a vector's width of pixels, each a whole block of one vector per row (nchwc_block
 # the vector width, block_size 32): every pixel finite takes one transposing reduction of
 # their greatest magnitudes (block_walker.h, pixel_group_finite), and each group's form is
-# decided from them: unclamped, the clamp alone, or the fast form where some pixel holds a
-# negative zero or a negative subnormal. Blocks whose greatest magnitude rounds to either side
+# decided from them: unclamped, the clamp alone, each with the sign fix-up where some pixel
+# holds a negative zero or a negative subnormal. Blocks whose greatest magnitude rounds to either side
 # of every format's clamp (test_cpu_simd's _near_clamp_blocks), some pixels with those tiny
 # negatives, a few with a NaN or an Inf (the keys' walk), against the numpy reference.
 @pytest.mark.parametrize("isa", ISAS)

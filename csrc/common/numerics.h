@@ -631,11 +631,28 @@ MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F>& p)
 // 0x80000000 ... 0x80000000 + tiny, i.e. the signed ones below ntiny, where the sign goes
 // back on r = +0; Inf and NaN are the x with x - x unordered.
 template <class F>
-MXOPS_HD F direct_round_element(F x, const DirectRound<F>& p) {
+MXOPS_HD F with_tiny_sign(F r, F x, const DirectRound<F>& p) {
   using U = LaneU<F>;
-  const F r = direct_round_element_plain(x, p);
   const U negative_zero = select(p.ntiny > as_int(f2u(x)), splat<U>(0xffffffffu), splat<U>(0u)) << 31;
-  const F y = u2f(f2u(r) | negative_zero);
+  return u2f(f2u(r) | negative_zero);
+}
+
+// direct_round_element for a block known finite: the plain form, and x's sign back on the zero
+// of a negative x at or below 2^(kd - 150) (-0 among them, as Hardswish gives below -3).
+template <class F>
+MXOPS_HD F direct_round_element_finite(F x, const DirectRound<F>& p) {
+  return with_tiny_sign(direct_round_element_plain(x, p), x, p);
+}
+
+// The same where the clamp changes nothing (direct_round_unclamped).
+template <class F>
+MXOPS_HD F direct_round_element_finite_unclamped(F x, const DirectRound<F>& p) {
+  return with_tiny_sign(direct_round_element_unclamped(x, p), x, p);
+}
+
+template <class F>
+MXOPS_HD F direct_round_element(F x, const DirectRound<F>& p) {
+  const F y = direct_round_element_finite(x, p);
   const F d = x - x;
   return select(d != d, x, y);  // Inf / NaN pass through
 }

@@ -204,6 +204,10 @@ struct BfpLanes {
   }
   MXOPS_VINL bool unclamped(const Fast& p, I a) const { return L::all(direct_round_unclamped(a, p)); }
   MXOPS_VINL F apply_unclamped(F x, const Fast& p) const { return direct_round_element_unclamped(x, p); }
+  // kPlain > 1, blocks known finite that the plain form refuses (a -0 or a negative tiny x):
+  // the plain form, without or with its clamp, and the sign on those zeros.
+  MXOPS_VINL F apply_finite_unclamped(F x, const Fast& p) const { return direct_round_element_finite_unclamped(x, p); }
+  MXOPS_VINL F apply_finite(F x, const Fast& p) const { return direct_round_element_finite(x, p); }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
 };
 
@@ -306,6 +310,9 @@ struct MxLanes {
     if constexpr (kIntDirect) return direct_round_element_unclamped(x, p);
     else return mx_float_element_direct_signed_unclamped(x, p, element);
   }
+  // As BfpLanes' (kIntDirect only).
+  MXOPS_VINL F apply_finite_unclamped(F x, const Fast& p) const { return direct_round_element_finite_unclamped(x, p); }
+  MXOPS_VINL F apply_finite(F x, const Fast& p) const { return direct_round_element_finite(x, p); }
   MXOPS_VINL MxLanes<ScalarLanes, Mode, Kind> scalar() const { return {element}; }
 };
 
@@ -405,11 +412,12 @@ struct Walker {
   // W blocks of kNv vectors each from p (bs == kNv * W) for the plain form's policies
   // (Pol::kPlain > 0), as column_blocks takes a column: their greatest magnitudes first (3
   // operations per vector where the keys take 4-5), the W maxima in one vector
-  // (transpose_max) and the parameters once; then, where all W blocks are finite, allow the
-  // fast form and have no negative zero or subnormal (no_negative_tiny, for kPlain > 1), each
-  // element by the rounding alone where no block rounds past its clamp (unclamped: 2
-  // operations), else with the clamp (plain: 4), where the fast form takes about 12 and the
-  // block-at-a-time walk a maximum across lanes per block. Measured in cache (256 x 1024
+  // (transpose_max) and the parameters once; then, where all W blocks are finite and allow the
+  // fast form, each element by the rounding alone where no block rounds past its clamp
+  // (unclamped: 2 operations), else with the clamp (plain: 4), where the fast form takes about
+  // 12 and the block-at-a-time walk a maximum across lanes per block; for kPlain > 1, where a
+  // block holds a negative zero or subnormal (no_negative_tiny), with the sign fix-up too
+  // (apply_finite*: 3 operations more; Hardswish gives -0 below -3). Measured in cache (256 x 1024
   // float32, one thread, Zen 4): MXINT8 1.85x (AVX2) and 2.1x (AVX-512) faster, MXFP 1.45x and
   // 1.7x. false, nothing stored, for any other W blocks.
   template <int kNv>
@@ -434,9 +442,7 @@ struct Walker {
     // walk); s and the fast form's test are only integer operations on the lanes of a block
     // with Inf or NaN, whose results the finite test masks.
     const I s = pol.exponent_of_magnitude(amax);
-    auto ok = fast_usable(pol, amax, s);
-    if constexpr (Pol::kPlain > 1) ok = ok & no_negative_tiny(bmin);
-    if (!L::all(ok)) return false;
+    if (!L::all(fast_usable(pol, amax, s))) return false;
     const auto prm = pol.fast_params(s, s);
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     auto each = [&](auto apply) {
@@ -450,7 +456,15 @@ struct Walker {
         }
       }
     };
-    if (pol.unclamped(prm, amax)) each([&](F v, const auto& pb) { return pol.apply_unclamped(v, pb); });
+    const bool unclamped = pol.unclamped(prm, amax);
+    if constexpr (Pol::kPlain > 1) {
+      if (!L::all(no_negative_tiny(bmin))) {  // a -0 or a negative tiny x: the finite form
+        if (unclamped) each([&](F v, const auto& pb) { return pol.apply_finite_unclamped(v, pb); });
+        else each([&](F v, const auto& pb) { return pol.apply_finite(v, pb); });
+        return true;
+      }
+    }
+    if (unclamped) each([&](F v, const auto& pb) { return pol.apply_unclamped(v, pb); });
     else each([&](F v, const auto& pb) { return pol.apply_plain(v, pb); });
     return true;
   }
@@ -1559,12 +1573,18 @@ struct Walker {
     // the least bit pattern over every lane, in every lane (~ reverses the order: no overflow)
     if constexpr (kPlain > 1) bmin = ~L::group_max(~bmin, log2_exact(W));
     auto rows = [&](auto apply) { pixel_rows<kN, W>(px, py, kN, inner, W, prm, apply); };
-    if (!pol.plain_finite(prm, bmin))
+    const bool unclamped = pol.unclamped(prm, amax);
+    if (pol.plain_finite(prm, bmin)) {
+      if (unclamped) rows([&](F xv, const auto& pi) { return pol.apply_unclamped(xv, pi); });
+      else rows([&](F xv, const auto& pi) { return pol.apply_plain(xv, pi); });
+    } else if constexpr (kPlain > 1) {
+      // A -0 or a negative tiny x among the W pixels (Hardswish gives -0 below -3): the plain
+      // form with the sign fix-up, without apply_fast's Inf / NaN test.
+      if (unclamped) rows([&](F xv, const auto& pi) { return pol.apply_finite_unclamped(xv, pi); });
+      else rows([&](F xv, const auto& pi) { return pol.apply_finite(xv, pi); });
+    } else {
       rows([&](F xv, const auto& pi) { return pol.apply_fast(xv, pi); });
-    else if (pol.unclamped(prm, amax))
-      rows([&](F xv, const auto& pi) { return pol.apply_unclamped(xv, pi); });
-    else
-      rows([&](F xv, const auto& pi) { return pol.apply_plain(xv, pi); });
+    }
     return true;
   }
 
