@@ -5,7 +5,7 @@
     ort-mx-bench --sizes 16Mi --dtypes float32   # the CPU target point
     ort-mx-bench --other-library /path/to/libcustom_ops.so   # e.g. Quark's, same op names
     ort-mx-bench --model model.onnx [--configs MX9,MXINT8]  # model level: see model_bench.py
-    ort-mx-bench --kernel [--configs MXINT8] [--nchwc]     # the CPU kernel alone: kernel_bench.py
+    ort-mx-bench --kernel [--configs MXINT8] [--nchwc] [--input hardswish]  # the CPU kernel alone: kernel_bench.py
 """
 from __future__ import annotations
 
