@@ -1274,8 +1274,9 @@ struct Walker {
   // the plain form's policies. Measured on the AVX2 development machine (Zen 3;
   // ort-mx-bench, 2 threads, xNeg, against the column and tile walks in the same run):
   // float32 [512, 512] 0.55-0.64 -> 0.74-0.80, [1024, 1024] 0.55-0.68 -> 0.71-0.75; 16-bit
-  // types 1-30 % faster at 4 and 8 KiB. Not for blocks of 8 rows (BFP16 [1024, 1024], the walker called directly, one thread: 0.69 -> 0.49; its
-  // parameters serve 8 rows only) nor for policies without the plain form or sub-blocks
+  // types 1-30 % faster at 4 and 8 KiB. Not for blocks of 8 rows (BFP16 [1024, 1024], the
+  // walker called directly, one thread: 0.69 -> 0.49; its parameters serve 8 rows only) nor
+  // for policies without the plain form or sub-blocks
   // (the other roundings: their tile walk per 128 columns of the unit).
   // ---------------------------------------------------------------------------------------
 
