@@ -899,26 +899,30 @@ struct Walker {
   // rows(apply) as apply(x, c) for vector c: for the plain form's policies (Pol::kPlain > 0),
   // where every vector's block is known finite (its greatest magnitude in a[c], a non-null)
   // and plain (its least bit pattern in bmin[c]), the plain form, without its clamp where no
-  // element reaches it; else apply_fast.
+  // element reaches it; known finite but not plain (kPlain > 1: a -0 or a negative tiny x),
+  // the same with the sign fix-up; else apply_fast.
   template <class Rows>
   static MXOPS_VINL void with_fast_form(const Pol& pol, const typename Pol::Fast* prm, int64_t nc,
                                         const I* a, const I* bmin, const Rows& rows) {
     FastFormTally tally;
-    if (a == nullptr) tally.plain = false;
-    for (int64_t c = 0; tally.plain && c < nc; ++c) tally.add(pol, prm[c], a[c], bmin[c]);
+    if (a == nullptr) tally.plain = false, tally.finite = false;
+    for (int64_t c = 0; (tally.plain || tally.finite) && c < nc; ++c) tally.add(pol, prm[c], a[c], bmin[c]);
     rows_in_form(pol, tally.form(), prm, rows);
   }
 
   // The element functions of the fast form's parameters: the plain form without its clamp,
-  // the plain form, or apply_fast.
-  enum class FastForm : uint8_t { kUnclamped, kPlain, kFast };
+  // the plain form, apply_fast, or (kPlain > 1) the first two with the sign fix-up of a -0 or
+  // negative tiny x (apply_finite_unclamped, apply_finite).
+  enum class FastForm : uint8_t { kUnclamped, kPlain, kFast, kFiniteUnclamped, kFinite };
 
   // The form for a run of finite blocks, added one vector of blocks at a time (parameters
   // prm, greatest magnitude bits a, least bit pattern bmin): the plain form where every
   // block is plain, without its clamp where no block's greatest magnitude rounds past it
-  // (most blocks); else apply_fast.
+  // (most blocks); else, for kPlain > 1 (blocks with a -0 or a negative tiny x), the same
+  // with the sign fix-up; else apply_fast. finite: the blocks are known finite (with_fast_form
+  // clears it where it does not know).
   struct FastFormTally {
-    bool plain = Pol::kPlain > 0, unclamped = true;
+    bool plain = Pol::kPlain > 0, unclamped = true, finite = Pol::kPlain > 1;
     MXOPS_VINL void add(const Pol& pol, const typename Pol::Fast& prm, I a, I bmin) {
       if constexpr (Pol::kPlain > 0) {
         plain = plain && pol.plain_finite(prm, bmin);
@@ -926,7 +930,8 @@ struct Walker {
       }
     }
     MXOPS_VINL FastForm form() const {
-      return !plain ? FastForm::kFast : unclamped ? FastForm::kUnclamped : FastForm::kPlain;
+      if (!plain) return !finite ? FastForm::kFast : unclamped ? FastForm::kFiniteUnclamped : FastForm::kFinite;
+      return unclamped ? FastForm::kUnclamped : FastForm::kPlain;
     }
   };
 
@@ -937,6 +942,10 @@ struct Walker {
     if constexpr (Pol::kPlain > 0) {
       if (form == FastForm::kUnclamped) return rows([&](F x, int64_t c) { return pol.apply_unclamped(x, prm[c]); });
       if (form == FastForm::kPlain) return rows([&](F x, int64_t c) { return pol.apply_plain(x, prm[c]); });
+      if constexpr (Pol::kPlain > 1) {
+        if (form == FastForm::kFiniteUnclamped) return rows([&](F x, int64_t c) { return pol.apply_finite_unclamped(x, prm[c]); });
+        if (form == FastForm::kFinite) return rows([&](F x, int64_t c) { return pol.apply_finite(x, prm[c]); });
+      }
     }
     rows([&](F x, int64_t c) { return pol.apply_fast(x, prm[c]); });
   }
@@ -1289,6 +1298,8 @@ struct Walker {
     kUnclamped = uint8_t(FastForm::kUnclamped),
     kPlain = uint8_t(FastForm::kPlain),
     kFast = uint8_t(FastForm::kFast),
+    kFiniteUnclamped = uint8_t(FastForm::kFiniteUnclamped),
+    kFinite = uint8_t(FastForm::kFinite),
     kSubNormal,
     kSub,
     kTile
