@@ -27,6 +27,8 @@
 #include "../common/params.h"
 
 #define MXOPS_VINL inline __attribute__((always_inline))
+// (a lambda's call operator: `[&](...) MXOPS_LAMBDA_INL { ... }`)
+#define MXOPS_LAMBDA_INL __attribute__((always_inline))
 
 namespace mxops::cpu {
 
@@ -456,16 +458,9 @@ struct Walker {
         }
       }
     };
-    const bool unclamped = pol.unclamped(prm, amax);
-    if constexpr (Pol::kPlain > 1) {
-      if (!L::all(no_negative_tiny(bmin))) {  // a -0 or a negative tiny x: the finite form
-        if (unclamped) each([&](F v, const auto& pb) { return pol.apply_finite_unclamped(v, pb); });
-        else each([&](F v, const auto& pb) { return pol.apply_finite(v, pb); });
-        return true;
-      }
-    }
-    if (unclamped) each([&](F v, const auto& pb) { return pol.apply_unclamped(v, pb); });
-    else each([&](F v, const auto& pb) { return pol.apply_plain(v, pb); });
+    bool plain = true;  // else a -0 or a negative tiny x: the finite form (kPlain > 1)
+    if constexpr (Pol::kPlain > 1) plain = L::all(no_negative_tiny(bmin));
+    in_form(pol, finite_form(true, plain, pol.unclamped(prm, amax)), each);
     return true;
   }
 
@@ -929,25 +924,39 @@ struct Walker {
         unclamped = unclamped && pol.unclamped(prm, a);
       }
     }
-    MXOPS_VINL FastForm form() const {
-      if (!plain) return !finite ? FastForm::kFast : unclamped ? FastForm::kFiniteUnclamped : FastForm::kFinite;
-      return unclamped ? FastForm::kUnclamped : FastForm::kPlain;
-    }
+    MXOPS_VINL FastForm form() const { return finite_form(finite, plain, unclamped); }
   };
+
+  // The form of blocks that are plain (so finite), without the clamp where unclamped; else
+  // of blocks known finite (kPlain > 1): the same with the sign fix-up; else apply_fast.
+  static MXOPS_VINL FastForm finite_form(bool finite, bool plain, bool unclamped) {
+    if (Pol::kPlain > 0 && plain) return unclamped ? FastForm::kUnclamped : FastForm::kPlain;
+    if (Pol::kPlain > 1 && finite) return unclamped ? FastForm::kFiniteUnclamped : FastForm::kFinite;
+    return FastForm::kFast;
+  }
+
+  // each(apply) with apply(x, prm) the element function of `form` (the one place that maps a
+  // form to its function: the column, tile and row walks, blocks_plain, pixel_group_finite).
+  template <class Each>
+  static MXOPS_VINL void in_form(const Pol& pol, FastForm form, const Each& each) {
+    if constexpr (Pol::kPlain > 0) {
+      if (form == FastForm::kUnclamped) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_unclamped(x, p); });
+      if (form == FastForm::kPlain) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_plain(x, p); });
+      if constexpr (Pol::kPlain > 1) {
+        if (form == FastForm::kFiniteUnclamped) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_finite_unclamped(x, p); });
+        if (form == FastForm::kFinite) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_finite(x, p); });
+      }
+    }
+    each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_fast(x, p); });
+  }
 
   // rows(apply) with apply(x, c) the element function of `form` for vector c's parameters.
   template <class Rows>
   static MXOPS_VINL void rows_in_form(const Pol& pol, FastForm form, const typename Pol::Fast* prm,
                                       const Rows& rows) {
-    if constexpr (Pol::kPlain > 0) {
-      if (form == FastForm::kUnclamped) return rows([&](F x, int64_t c) { return pol.apply_unclamped(x, prm[c]); });
-      if (form == FastForm::kPlain) return rows([&](F x, int64_t c) { return pol.apply_plain(x, prm[c]); });
-      if constexpr (Pol::kPlain > 1) {
-        if (form == FastForm::kFiniteUnclamped) return rows([&](F x, int64_t c) { return pol.apply_finite_unclamped(x, prm[c]); });
-        if (form == FastForm::kFinite) return rows([&](F x, int64_t c) { return pol.apply_finite(x, prm[c]); });
-      }
-    }
-    rows([&](F x, int64_t c) { return pol.apply_fast(x, prm[c]); });
+    in_form(pol, form, [&](const auto& apply) MXOPS_LAMBDA_INL {
+      rows([&](F x, int64_t c) MXOPS_LAMBDA_INL { return apply(x, prm[c]); });
+    });
   }
 
   // Column vector c of row j for the second pass of a column walk: from `keep` (column_keys'
@@ -1585,18 +1594,9 @@ struct Walker {
     // the least bit pattern over every lane, in every lane (~ reverses the order: no overflow)
     if constexpr (kPlain > 1) bmin = ~L::group_max(~bmin, log2_exact(W));
     auto rows = [&](auto apply) { pixel_rows<kN, W>(px, py, kN, inner, W, prm, apply); };
-    const bool unclamped = pol.unclamped(prm, amax);
-    if (pol.plain_finite(prm, bmin)) {
-      if (unclamped) rows([&](F xv, const auto& pi) { return pol.apply_unclamped(xv, pi); });
-      else rows([&](F xv, const auto& pi) { return pol.apply_plain(xv, pi); });
-    } else if constexpr (kPlain > 1) {
-      // A -0 or a negative tiny x among the W pixels (Hardswish gives -0 below -3): the plain
-      // form with the sign fix-up, without apply_fast's Inf / NaN test.
-      if (unclamped) rows([&](F xv, const auto& pi) { return pol.apply_finite_unclamped(xv, pi); });
-      else rows([&](F xv, const auto& pi) { return pol.apply_finite(xv, pi); });
-    } else {
-      rows([&](F xv, const auto& pi) { return pol.apply_fast(xv, pi); });
-    }
+    // Where not plain, a -0 or a negative tiny x among the W pixels (Hardswish gives -0 below
+    // -3): the plain form with the sign fix-up, without apply_fast's Inf / NaN test.
+    in_form(pol, finite_form(true, pol.plain_finite(prm, bmin), pol.unclamped(prm, amax)), rows);
     return true;
   }
 
