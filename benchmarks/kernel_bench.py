@@ -16,7 +16,10 @@ blocked along the channels, as there.
 
 The negation loop is compiled for the baseline instruction set, as onnxruntime's ``Neg`` is;
 ``x Neg`` is its time over ours (higher is faster). Per array the best of ``--rounds`` calls
-counts; a configuration's total is the sum over the shapes, each times its count.
+counts; a configuration's total is the sum over the shapes, each times its count. Each timed
+pair follows an untimed negation of the same array (both find it in the caches, as a node
+finds its input), and the arrays are copied onto 2 MiB pages where Linux grants them (the
+same cache sets in every run; benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -87,7 +90,9 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
     """Time each configuration on ``shapes`` ([1, C, H, W] float32 tensors of the input
     ``input_kind`` (see :func:`activation`), blocked along C; with ``nchwc_block`` the channels are rounded up to a multiple of it and
     the kernel reads the NCHWc memory order). Returns one row per configuration: totals and
-    per-shape seconds (best calls) of the kernel and of the negation loop."""
+    per-shape seconds (best calls) of the kernel and of the negation loop, and the fraction
+    of the arrays' copies that Linux put on 2 MiB pages (where all of it, the arrays take
+    the same cache sets in every run)."""
     from ort_mx_ops import _native
 
     rng = np.random.default_rng(seed)
@@ -104,7 +109,8 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
         attrs = dict(spec.attrs, axis=1)
         if nchwc_block:
             attrs["nchwc_block"] = nchwc_block
-        kernel, neg = _native.time_block_op(spec.op, [t for _, _, t in tensors], attrs, rounds)
+        kernel, neg, huge = _native.time_block_op(spec.op, [t for _, _, t in tensors], attrs,
+                                                  rounds)
         per_shape = [{"shape": list(shape), "count": count, "kernel_s": k, "neg_s": n,
                       "x_neg": n / k}
                      for (shape, count, _), k, n in zip(tensors, kernel, neg)]
@@ -114,8 +120,18 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
         rows.append({"config": config, "elements": elements, "kernel_s": total_k,
                      "neg_s": total_n, "kernel_el_per_ns": elements / total_k * 1e-9,
                      "neg_el_per_ns": elements / total_n * 1e-9, "x_neg": total_n / total_k,
-                     "shapes": per_shape})
+                     "huge_page_fraction": huge, "shapes": per_shape})
     return rows
+
+
+def _huge_pages(rows: list[dict]) -> str:
+    """The rows' huge-page fractions in words: all, none, or the range in percent."""
+    fractions = [r.get("huge_page_fraction", 0.0) for r in rows] or [0.0]
+    if min(fractions) >= 1.0:
+        return "all"
+    if max(fractions) <= 0.0:
+        return "none"
+    return f"{min(fractions):.0%}-{max(fractions):.0%}"
 
 
 def markdown(doc: dict) -> str:
@@ -126,7 +142,8 @@ def markdown(doc: dict) -> str:
     lines = ["# Kernel benchmark (the CPU kernel called directly)", "",
              f"- {m['cpu']}; SIMD path {doc['isa']}; one thread; best of {o['rounds']} calls "
              f"per array; nchwc_block {o['nchwc_block']}; input {o.get('input', 'normal')}"
-             + (f"; load average {load[0]:.1f} before" if load else "") + f"; {m['time']}", "",
+             + (f"; load average {load[0]:.1f} before" if load else "")
+             + f"; arrays on 2 MiB pages: {_huge_pages(doc['results'])}; {m['time']}", "",
              "| config | elements | ours µs | ours el/ns | Neg µs | Neg el/ns | ×Neg |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in doc["results"]:

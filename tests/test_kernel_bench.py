@@ -62,8 +62,9 @@ def test_time_block_op_refuses_bad_input():
         _native.time_block_op("XX", [x], attrs, 1)
     with pytest.raises(ValueError, match="element_dtype"):
         _native.time_block_op("MX", [x], dict(attrs, element_dtype="int7"), 1)
-    kernel, neg = _native.time_block_op("MX", [x, x], attrs, 2)
+    kernel, neg, huge = _native.time_block_op("MX", [x, x], attrs, 2)
     assert len(kernel) == len(neg) == 2
+    assert all(t > 0 for t in kernel + neg) and 0.0 <= huge <= 1.0
 
 
 @pytest.mark.parametrize("text, shapes", [

@@ -7,9 +7,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "../common/params.h"
 #include "../cpu/qdq_cpu.h"
@@ -109,15 +115,103 @@ py::array quantize_dequantize(const std::string& op, py::array x, const py::dict
 }
 
 // The kernel benchmark's reference: y = -x, compiled for the baseline instruction set as
-// onnxruntime's Neg is; not inlined, so that it is timed as a call, as the kernel is.
-__attribute__((noinline)) void negate(const float* x, float* y, int64_t n) {
+// onnxruntime's Neg is; not inlined, so that it is timed as a call, as the kernel is. Its
+// loop on a 64-byte boundary: where the linker put it is otherwise up to what precedes it,
+// and on a 2-core Xeon the same loop at a 16-byte boundary 16 bytes before a line's end ran
+// 1.6-1.9x slower over in-cache arrays than at a 32-byte boundary.
+__attribute__((noinline, aligned(64), optimize("align-loops=64"))) void negate(const float* x,
+                                                                              float* y,
+                                                                              int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = -x[i];
 }
 
+// The kernel benchmark's arrays: one region, each array 64-byte aligned after the previous
+// one (as in onnxruntime's arena), on 2 MiB pages where Linux grants them (transparent huge
+// pages, madvise mode). On 4 KiB pages each process got other physical pages, so other
+// cache sets for the same arrays: on a 2-core Xeon the negation loop's best time over the
+// same 10 MB of arrays ranged over 1.8x between processes, and a change to the walker could
+// not be told from that. In a 2 MiB page the physical address's low 21 bits are the
+// virtual one's, so the arrays take the same L2 sets in every run.
+class BenchRegion {
+ public:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  explicit BenchRegion(size_t bytes) : size_((bytes + kHugePage - 1) / kHugePage * kHugePage) {
+#if defined(__linux__)
+    // Over-mapped by a page so that the region can start on a 2 MiB boundary.
+    const size_t mapped = size_ + kHugePage;
+    void* m = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    map_ = static_cast<char*>(m);
+    map_size_ = mapped;
+    const auto a = reinterpret_cast<uintptr_t>(map_);
+    base_ = map_ + (kHugePage - a % kHugePage) % kHugePage;
+    madvise(base_, size_, MADV_HUGEPAGE);  // a hint: refused, the pages stay 4 KiB
+#else
+    owned_.assign(size_ / sizeof(float) + 16, 0.0f);
+    const auto a = reinterpret_cast<uintptr_t>(owned_.data());
+    base_ = reinterpret_cast<char*>(owned_.data()) + (64 - a % 64) % 64;
+#endif
+    std::memset(base_, 0, size_);  // touched now, so the pages are in place before timing
+  }
+  ~BenchRegion() {
+#if defined(__linux__)
+    munmap(map_, map_size_);
+#endif
+  }
+  BenchRegion(const BenchRegion&) = delete;
+  BenchRegion& operator=(const BenchRegion&) = delete;
+
+  // The next `n` floats, 64-byte aligned.
+  float* take(int64_t n) {
+    const size_t at = (used_ + 63) / 64 * 64;
+    used_ = at + static_cast<size_t>(n) * sizeof(float);
+    return reinterpret_cast<float*>(base_ + at);
+  }
+
+  // The fraction of the region on huge pages (Linux: AnonHugePages of its mapping in
+  // /proc/self/smaps); 0 where unknown.
+  double huge_fraction() const {
+#if defined(__linux__)
+    std::FILE* f = std::fopen("/proc/self/smaps", "r");
+    if (!f) return 0.0;
+    char line[512];
+    bool inside = false;
+    double huge = 0.0;
+    const auto lo = reinterpret_cast<uintptr_t>(base_), hi = lo + size_;
+    while (std::fgets(line, sizeof line, f)) {
+      unsigned long start = 0, end = 0;
+      if (std::sscanf(line, "%lx-%lx ", &start, &end) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+        inside = start < hi && end > lo;
+        continue;
+      }
+      unsigned long kb = 0;
+      if (inside && std::sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) huge += kb * 1024.0;
+    }
+    std::fclose(f);
+    return std::min(1.0, huge / static_cast<double>(size_));
+#else
+    return 0.0;
+#endif
+  }
+
+ private:
+  size_t size_;
+  size_t used_ = 0;
+  char* base_ = nullptr;
+#if defined(__linux__)
+  char* map_ = nullptr;
+  size_t map_size_ = 0;
+#else
+  std::vector<float> owned_;
+#endif
+};
+
 // For benchmarks/kernel_bench.py: each of `rounds` rounds calls the block op once on each
-// float32 array of xs (one thread; the outputs allocated once, 64-byte aligned as
-// onnxruntime's are) and then the negation loop on the same array, each call timed alone.
-// Returns (kernel, negation): per array, the best call's seconds.
+// float32 array of xs (one thread; copies of the arrays and the outputs in a BenchRegion)
+// and then the negation loop on the same array, each call timed alone, after an untimed
+// negation of the same array.
+// Returns (kernel, negation, huge): per array, the best call's seconds, and the fraction of
+// the arrays' region on 2 MiB pages.
 py::tuple time_block_op(const std::string& op, const py::list& xs, const py::dict& attrs,
                         int rounds) {
   try {
@@ -127,25 +221,28 @@ py::tuple time_block_op(const std::string& op, const py::list& xs, const py::dic
     const QdqParams params = parse_block_attributes(op == "MX" ? OpKind::kMx : OpKind::kBfp,
                                                     op_name, dict_attributes(attrs));
     struct Case {
-      py::array x;
+      py::array source;
       Geometry g;
-      std::vector<float> y;  // (over-allocated by 16 floats, used from a 64-byte boundary)
+      float* x;
       float* out;
     };
     std::vector<Case> cases;
+    size_t bytes = 0;
     for (auto item : xs) {
       Case c;
-      c.x = py::array::ensure(item, py::array::c_style);
-      if (!c.x || c.x.dtype().kind() != 'f' || c.x.dtype().itemsize() != 4)
+      c.source = py::array::ensure(item, py::array::c_style);
+      if (!c.source || c.source.dtype().kind() != 'f' || c.source.dtype().itemsize() != 4)
         throw InvalidArgument{"time_block_op takes float32 arrays"};
-      std::vector<int64_t> shape(c.x.shape(), c.x.shape() + c.x.ndim());
+      std::vector<int64_t> shape(c.source.shape(), c.source.shape() + c.source.ndim());
       c.g = make_block_geometry(op_name, shape, params);
+      bytes += 2 * (static_cast<size_t>(c.g.num_elements) * sizeof(float) + 64);
       cases.push_back(std::move(c));
     }
+    BenchRegion region(bytes);
     for (Case& c : cases) {
-      c.y.assign(static_cast<size_t>(c.g.num_elements) + 16, 0.0f);
-      const auto a = reinterpret_cast<uintptr_t>(c.y.data());
-      c.out = c.y.data() + ((64 - a % 64) % 64) / sizeof(float);
+      c.x = region.take(c.g.num_elements);
+      c.out = region.take(c.g.num_elements);
+      std::memcpy(c.x, c.source.data(), static_cast<size_t>(c.g.num_elements) * sizeof(float));
     }
     std::vector<double> kernel(cases.size(), 1e30), neg(cases.size(), 1e30);
     {
@@ -154,7 +251,12 @@ py::tuple time_block_op(const std::string& op, const py::list& xs, const py::dic
       for (int r = 0; r < rounds; ++r)
         for (size_t i = 0; i < cases.size(); ++i) {
           const Case& c = cases[i];
-          const auto* x = static_cast<const float*>(c.x.data());
+          const float* x = c.x;
+          // Untimed, so that both timed calls find x and the output where the previous one
+          // left them (in the caches as far as they fit), as a node does after the node that
+          // wrote its input: first in a round, ours would read x from where the round's other
+          // arrays pushed it, and the negation loop then from the caches ours filled.
+          negate(x, c.out, c.g.num_elements);
           const auto t0 = clock::now();
           cpu::quantize_dequantize(params, DType::kFloat32, x, c.out, c.g, cpu::run_serial);
           const auto t1 = clock::now();
@@ -164,7 +266,7 @@ py::tuple time_block_op(const std::string& op, const py::list& xs, const py::dic
           neg[i] = std::min(neg[i], std::chrono::duration<double>(t2 - t1).count());
         }
     }
-    return py::make_tuple(kernel, neg);
+    return py::make_tuple(kernel, neg, region.huge_fraction());
   } catch (const InvalidArgument& e) {
     throw py::value_error(e.message);
   }
@@ -223,7 +325,8 @@ PYBIND11_MODULE(_native, m) {
   m.def("time_block_op", &time_block_op, py::arg("op"), py::arg("xs"), py::arg("attrs"),
         py::arg("rounds") = 100,
         "Per float32 array of xs, the best of `rounds` calls of the block op (one thread) and "
-        "of a negation loop on the same array, interleaved: two lists of seconds.");
+        "of a negation loop on the same array, interleaved (copies of the arrays on 2 MiB pages "
+        "where Linux grants them): two lists of seconds and the fraction on 2 MiB pages.");
   m.def("cpu_isa", [] {
     try {
       return std::string(cpu::isa_name(cpu::selected_isa()));
