@@ -939,7 +939,8 @@ struct Walker {
   }
 
   // each(apply) with apply(x, prm) the element function of `form` (the one place that maps a
-  // form to its function: the column, tile and row walks, blocks_plain, pixel_group_finite).
+  // form to its function: the column, tile and row walks, blocks_plain, pixel_group_finite,
+  // pixel_group).
   template <class Each>
   static MXOPS_VINL void in_form(const Pol& pol, FastForm form, const Each& each) {
     if constexpr (Pol::kPlain > 0) {
@@ -1514,15 +1515,11 @@ struct Walker {
       return;
     }
     const auto prm = pol.fast_params(s, s);
-    if constexpr (kPlain > 0) {
-      if (pol.plain_any(kmin, bmin)) {
-        pixel_rows<kN, kCnt>(px, py, n, inner, cnt, prm,
-                             [&](F xv, const auto& pi) { return pol.apply_plain(xv, pi); });
-        return;
-      }
-    }
-    pixel_rows<kN, kCnt>(px, py, n, inner, cnt, prm,
-                         [&](F xv, const auto& pi) { return pol.apply_fast(xv, pi); });
+    bool plain = false;  // (no maxima of magnitudes here: the clamp stays)
+    if constexpr (kPlain > 0) plain = pol.plain_any(kmin, bmin);
+    in_form(pol, finite_form(false, plain, false), [&](auto apply) MXOPS_LAMBDA_INL {
+      pixel_rows<kN, kCnt>(px, py, n, inner, cnt, prm, apply);
+    });
   }
 
   // The rows of cnt pixels from px (pixel i's W channels at px + i * W, its n rows `inner`
