@@ -467,6 +467,48 @@ struct Walker {
     return true;
   }
 
+  // 2W blocks of W / 2 elements from p (W / 2 vectors, two blocks each; AVX-512, BFP16's blocks
+  // of 8: blocked axis innermost, or the NCHWc view of 16-channel groups), as blocks_plain
+  // takes W blocks of whole vectors: their greatest magnitudes, the 2W maxima in one vector
+  // (half_transpose_max), the parameters once, each vector's two blocks' broadcast to its
+  // halves. false, nothing stored, where any of the 2W blocks does not take the fast form.
+  MXOPS_VINL bool blocks_plain_halves(const Pol& pol, const T* p, T* q) const {
+    static_assert(Pol::kPlain > 0 && W == 16, "the plain form's policies, 16 lanes");
+    constexpr int kNv = W / 2;
+    I a[kNv];
+    I bmin{};
+#pragma GCC unroll 8
+    for (int v = 0; v < kNv; ++v) {
+      if ((v * W * sizeof(T)) % 64 == 0) prefetch(p + v * W, q + v * W);  // once per cache line
+      const F xv = load(p + v * W);
+      a[v] = magnitude_bits(xv);
+      if constexpr (Pol::kPlain > 1) bmin = v == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
+    }
+    const I amax = L::half_transpose_max(a);  // lane k: block k's greatest magnitude
+    const I s = pol.exponent_of_magnitude(amax);
+    if (!L::all(fast_usable(pol, amax, s))) return false;
+    const auto prm = pol.fast_params(s, s);
+    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
+    auto each = [&](auto apply) {
+#pragma GCC unroll 8
+      for (int v = 0; v < kNv; ++v) store(q + v * W, apply(load(p + v * W), broadcast_pair(prm, v)));
+    };
+    bool plain = true;  // else a -0 or a negative tiny x: the finite form (kPlain > 1)
+    if constexpr (Pol::kPlain > 1) plain = L::all(no_negative_tiny(bmin));
+    in_form(pol, finite_form(true, plain, pol.unclamped(prm, amax)), each);
+    return true;
+  }
+
+  // Spans of blocks_plain_halves from g while it takes them; returns where it stopped (as
+  // spans).
+  __attribute__((noinline)) int64_t half_spans(const Pol pol, const T* px, T* py, int64_t g,
+                                               int64_t n_simd) const {
+    constexpr int64_t span = W / 2 * W;
+    for (; g + span <= n_simd; g += span)
+      if (!blocks_plain_halves(pol, px + g, py + g)) break;
+    return g;
+  }
+
   // W blocks of kNv vectors each from p for the sub-block policy (to_bfp_prime) with
   // sub-blocks of two lanes, as blocks_plain takes the plain form's: the W blocks' maxima in
   // one vector (transpose_max) and the test for the one-addition form without the subnormal
@@ -597,8 +639,17 @@ struct Walker {
     const int64_t nv = group / W;
     const int span_nv = W == 1 ? 0 : bs == W ? 1 : bs == 2 * W ? 2 : bs == 4 * W ? 4 : 0;
     const int64_t span = span_nv * W * W;
+    // Blocks of half a vector (AVX-512, BFP16): 2W at a time, the plain form's policies.
+    constexpr bool kHalves = W == 16 && Pol::kPlain > 0 && !Pol::kSubBlocks;
+    const int64_t half_span = kHalves && 2 * bs == W ? W / 2 * W : 0;
     for (int64_t g = 0; g < n_simd;) {
       int64_t stop = n_simd;
+      if constexpr (kHalves) {
+        if (half_span > 0 && g + half_span <= n_simd) {
+          g = half_spans(pol, px, py, g, n_simd);
+          if (g + half_span <= n_simd) stop = g + half_span;
+        }
+      }
       if constexpr (W > 1) {  // (no spans one lane wide: span_nv is 0)
         if (span > 0 && g + span <= n_simd) {
           switch (span_nv) {
@@ -1466,6 +1517,20 @@ struct Walker {
       m = L::group_max(m, all_steps);
       for (int64_t i = 0; i < per; ++i) k[v0 + i] = m;
     }
+  }
+
+  // broadcast_lane's pair: lanes 2i and 2i + 1 of every lane vector of a parameter struct to the
+  // two halves (L::broadcast_pair; 16 lanes).
+  template <class P>
+  static MXOPS_VINL P broadcast_pair(const P& p, int i) {
+    static_assert(std::is_trivially_copyable_v<P> && sizeof(P) % sizeof(K) == 0,
+                  "parameters must be lane vectors");
+    K v[sizeof(P) / sizeof(K)];
+    std::memcpy(v, &p, sizeof(P));
+    for (auto& e : v) e = L::broadcast_pair(e, i);
+    P out;
+    std::memcpy(&out, v, sizeof(P));
+    return out;
   }
 
   // Lane i of every 32-bit lane vector of a parameter struct (numerics.h's parameter structs

@@ -128,6 +128,30 @@ struct VecLanes {
 #endif
   }
 
+#if MXOPS_SIMD_WIDTH == 16
+  // Lane k = the maximum over block k of v[0..7] taken as 16 blocks of 8 lanes (block k: lanes
+  // 8 (k % 2) ... of v[k / 2]; v is overwritten): three stages of the maxima of neighbouring
+  // lanes, each packing two vectors into one (the even and the odd lanes of the pair), 14
+  // two-source shuffles in all where two AVX2 transpose_max calls over the same 16 blocks
+  // take 28. The packing keeps the blocks in order.
+  template <class V>
+  static MXOPS_VINL V half_transpose_max(V* v) {
+    const I even = iota() * 2, odd = even + 1;
+    for (int m = 8; m > 1; m /= 2)
+      for (int j = 0; j < m / 2; ++j)
+        v[j] = imax(__builtin_shuffle(v[2 * j], v[2 * j + 1], even),
+                    __builtin_shuffle(v[2 * j], v[2 * j + 1], odd));
+    return v[0];
+  }
+
+  // Lanes 0-7: lane 2i of v, lanes 8-15: lane 2i + 1 (the two blocks of vector i after
+  // half_transpose_max).
+  template <class V>
+  static MXOPS_VINL V broadcast_pair(V v, int i) {
+    return __builtin_shuffle(v, (iota() >> 3) + 2 * i);
+  }
+#endif
+
   // a with lane i taken from b; lane i of v in every lane (32-bit lane vectors).
   template <class V>
   static MXOPS_VINL V blend_lane(V a, V b, int i) {
