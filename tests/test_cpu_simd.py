@@ -34,7 +34,7 @@ CASES = [
 ] + [("MX", dict(element_dtype=e, block_size=32))
      for e in ["fp8_e5m2", "fp8_e4m3", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8"]] + [
     ("MX", dict(element_dtype="int8", block_size=4)),
-    # blocks of half an AVX-512 vector, sixteen at a time (blocks_plain_halves)
+    # blocks of half an AVX-512 vector, sixteen at a time (blocks_plain<kHalfVector>)
     ("MX", dict(element_dtype="fp8_e4m3", block_size=8)),
     ("MX", dict(element_dtype="int8", block_size=8)),
     ("MX", dict(element_dtype="fp4_e2m1", block_size=64)),

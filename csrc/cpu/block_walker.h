@@ -335,6 +335,8 @@ struct Walker {
   using K = typename Pol::K;
   using Params = typename Pol::Params;
   static constexpr int W = L::W;
+  // blocks_plain's and spans' kNv for blocks of half a vector (AVX-512, blocks of 8).
+  static constexpr int kHalfVector = 0;
   static constexpr int64_t kTileVectors = kTileColumns / W;
 
   const T* x;
@@ -425,16 +427,24 @@ struct Walker {
   // (apply_finite*: 3 operations more; Hardswish gives -0 below -3). Measured in cache (256 x 1024
   // float32, one thread, Zen 4): MXINT8 1.85x (AVX2) and 2.1x (AVX-512) faster, MXFP 1.45x and
   // 1.7x. false, nothing stored, for any other W blocks.
+  // kNv == kHalfVector (AVX-512, blocks of 8: BFP16 with the blocked axis innermost, or the
+  // NCHWc view of 16-channel groups): W blocks of half a vector, W / 2 vectors of two blocks
+  // each, the same way: the W maxima by half_transpose_max, each vector's two blocks'
+  // parameters broadcast to its halves (broadcast_pair).
   template <int kNv>
   MXOPS_VINL bool blocks_plain(const Pol& pol, const T* p, T* q) const {
-    I a[W];
+    static_assert(kNv > 0 || W == 16, "blocks of half a vector: 16 lanes");
+    constexpr bool kHalves = kNv == kHalfVector;
+    constexpr int kGroups = kHalves ? W / 2 : W;  // vector groups: a block, or a vector of two
+    constexpr int kPer = kHalves ? 1 : kNv;       // vectors a group
+    I a[kGroups];
     I bmin{};
 #pragma GCC unroll 16
-    for (int b = 0; b < W; ++b) {
+    for (int b = 0; b < kGroups; ++b) {
       I m{};
 #pragma GCC unroll 4
-      for (int i = 0; i < kNv; ++i) {
-        const int64_t off = (b * kNv + i) * W;
+      for (int i = 0; i < kPer; ++i) {
+        const int64_t off = (b * kPer + i) * W;
         if ((off * int64_t(sizeof(T))) % 64 == 0) prefetch(p + off, q + off);  // once per line
         const F xv = load(p + off);
         m = i == 0 ? magnitude_bits(xv) : imax(m, magnitude_bits(xv));
@@ -442,7 +452,10 @@ struct Walker {
       }
       a[b] = m;
     }
-    const I amax = L::transpose_max(a);  // lane b: block b's greatest magnitude
+    // lane b: block b's greatest magnitude
+    I amax;
+    if constexpr (kHalves) amax = L::half_transpose_max(a);
+    else amax = L::transpose_max(a);
     // One test for all three conditions (measured: the three branches took ~18 % of BFP16's
     // walk); s and the fast form's test are only integer operations on the lanes of a block
     // with Inf or NaN, whose results the finite test masks.
@@ -452,11 +465,11 @@ struct Walker {
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     auto each = [&](auto apply) {
 #pragma GCC unroll 16
-      for (int b = 0; b < W; ++b) {
-        const auto pb = broadcast_lane(prm, b);
+      for (int b = 0; b < kGroups; ++b) {
+        const auto pb = broadcast_params<kHalves>(prm, b);
 #pragma GCC unroll 4
-        for (int i = 0; i < kNv; ++i) {
-          const int64_t off = (b * kNv + i) * W;
+        for (int i = 0; i < kPer; ++i) {
+          const int64_t off = (b * kPer + i) * W;
           store(q + off, apply(load(p + off), pb));
         }
       }
@@ -465,48 +478,6 @@ struct Walker {
     if constexpr (Pol::kPlain > 1) plain = L::all(no_negative_tiny(bmin));
     in_form(pol, finite_form(true, plain, pol.unclamped(prm, amax)), each);
     return true;
-  }
-
-  // 2W blocks of W / 2 elements from p (W / 2 vectors, two blocks each; AVX-512, BFP16's blocks
-  // of 8: blocked axis innermost, or the NCHWc view of 16-channel groups), as blocks_plain
-  // takes W blocks of whole vectors: their greatest magnitudes, the 2W maxima in one vector
-  // (half_transpose_max), the parameters once, each vector's two blocks' broadcast to its
-  // halves. false, nothing stored, where any of the 2W blocks does not take the fast form.
-  MXOPS_VINL bool blocks_plain_halves(const Pol& pol, const T* p, T* q) const {
-    static_assert(Pol::kPlain > 0 && W == 16, "the plain form's policies, 16 lanes");
-    constexpr int kNv = W / 2;
-    I a[kNv];
-    I bmin{};
-#pragma GCC unroll 8
-    for (int v = 0; v < kNv; ++v) {
-      if ((v * W * sizeof(T)) % 64 == 0) prefetch(p + v * W, q + v * W);  // once per cache line
-      const F xv = load(p + v * W);
-      a[v] = magnitude_bits(xv);
-      if constexpr (Pol::kPlain > 1) bmin = v == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
-    }
-    const I amax = L::half_transpose_max(a);  // lane k: block k's greatest magnitude
-    const I s = pol.exponent_of_magnitude(amax);
-    if (!L::all(fast_usable(pol, amax, s))) return false;
-    const auto prm = pol.fast_params(s, s);
-    __asm__ volatile("" ::: "memory");  // (as in column_blocks)
-    auto each = [&](auto apply) {
-#pragma GCC unroll 8
-      for (int v = 0; v < kNv; ++v) store(q + v * W, apply(load(p + v * W), broadcast_pair(prm, v)));
-    };
-    bool plain = true;  // else a -0 or a negative tiny x: the finite form (kPlain > 1)
-    if constexpr (Pol::kPlain > 1) plain = L::all(no_negative_tiny(bmin));
-    in_form(pol, finite_form(true, plain, pol.unclamped(prm, amax)), each);
-    return true;
-  }
-
-  // Spans of blocks_plain_halves from g while it takes them; returns where it stopped (as
-  // spans).
-  __attribute__((noinline)) int64_t half_spans(const Pol pol, const T* px, T* py, int64_t g,
-                                               int64_t n_simd) const {
-    constexpr int64_t span = W / 2 * W;
-    for (; g + span <= n_simd; g += span)
-      if (!blocks_plain_halves(pol, px + g, py + g)) break;
-    return g;
   }
 
   // W blocks of kNv vectors each from p for the sub-block policy (to_bfp_prime) with
@@ -580,8 +551,9 @@ struct Walker {
     }
   }
 
-  // contiguous_groups' spans of W blocks of kNv vectors from g while span_blocks takes them:
-  // returns where it stopped (a span it refused, or fewer than a span's elements left). In a
+  // contiguous_groups' spans of W blocks of kNv vectors from g while span_blocks takes them
+  // (kNv == kHalfVector: of half a vector, while blocks_plain takes them): returns where it
+  // stopped (a span it refused, or fewer than a span's elements left). In a
   // function of its own per kNv with the policy by value, as pixel_groups (inlined, the
   // three block lengths' walks shared contiguous_groups' registers). Measured with the
   // walkers called directly (AVX2, Zen 3, one thread, float32, both walks alternating in one
@@ -592,9 +564,14 @@ struct Walker {
   template <int kNv>
   __attribute__((noinline)) int64_t spans(const Pol pol, const T* px, T* py, int64_t g,
                                           int64_t n_simd) const {
-    constexpr int64_t span = kNv * W * W;
-    for (; g + span <= n_simd; g += span)
-      if (!span_blocks(kNv, pol, px + g, py + g)) break;
+    constexpr int64_t span = kNv == kHalfVector ? W / 2 * W : kNv * W * W;
+    for (; g + span <= n_simd; g += span) {
+      if constexpr (kNv == kHalfVector) {
+        if (!blocks_plain<kHalfVector>(pol, px + g, py + g)) break;
+      } else {
+        if (!span_blocks(kNv, pol, px + g, py + g)) break;
+      }
+    }
     return g;
   }
 
@@ -639,14 +616,14 @@ struct Walker {
     const int64_t nv = group / W;
     const int span_nv = W == 1 ? 0 : bs == W ? 1 : bs == 2 * W ? 2 : bs == 4 * W ? 4 : 0;
     const int64_t span = span_nv * W * W;
-    // Blocks of half a vector (AVX-512, BFP16): 2W at a time, the plain form's policies.
+    // Blocks of half a vector (AVX-512, BFP16): W at a time, the plain form's policies.
     constexpr bool kHalves = W == 16 && Pol::kPlain > 0 && !Pol::kSubBlocks;
     const int64_t half_span = kHalves && 2 * bs == W ? W / 2 * W : 0;
     for (int64_t g = 0; g < n_simd;) {
       int64_t stop = n_simd;
       if constexpr (kHalves) {
         if (half_span > 0 && g + half_span <= n_simd) {
-          g = half_spans(pol, px, py, g, n_simd);
+          g = spans<kHalfVector>(pol, px, py, g, n_simd);
           if (g + half_span <= n_simd) stop = g + half_span;
         }
       }
@@ -1519,32 +1496,26 @@ struct Walker {
     }
   }
 
-  // broadcast_lane's pair: lanes 2i and 2i + 1 of every lane vector of a parameter struct to the
-  // two halves (L::broadcast_pair; 16 lanes).
-  template <class P>
-  static MXOPS_VINL P broadcast_pair(const P& p, int i) {
+  // Every 32-bit lane vector of a parameter struct (numerics.h's parameter structs hold only
+  // such vectors) broadcast: lane i in every lane (L::broadcast_lane), or for kPair (16 lanes)
+  // lane 2i in lanes 0-7 and lane 2i + 1 in lanes 8-15 (L::broadcast_pair).
+  template <bool kPair, class P>
+  static MXOPS_VINL P broadcast_params(const P& p, int i) {
     static_assert(std::is_trivially_copyable_v<P> && sizeof(P) % sizeof(K) == 0,
                   "parameters must be lane vectors");
     K v[sizeof(P) / sizeof(K)];
     std::memcpy(v, &p, sizeof(P));
-    for (auto& e : v) e = L::broadcast_pair(e, i);
+    for (auto& e : v) {
+      if constexpr (kPair) e = L::broadcast_pair(e, i);
+      else e = L::broadcast_lane(e, i);
+    }
     P out;
     std::memcpy(&out, v, sizeof(P));
     return out;
   }
-
-  // Lane i of every 32-bit lane vector of a parameter struct (numerics.h's parameter structs
-  // hold only such vectors), in every lane.
   template <class P>
   static MXOPS_VINL P broadcast_lane(const P& p, int i) {
-    static_assert(std::is_trivially_copyable_v<P> && sizeof(P) % sizeof(K) == 0,
-                  "parameters must be lane vectors");
-    K v[sizeof(P) / sizeof(K)];
-    std::memcpy(v, &p, sizeof(P));
-    for (auto& e : v) e = L::broadcast_lane(e, i);
-    P out;
-    std::memcpy(&out, v, sizeof(P));
-    return out;
+    return broadcast_params<false>(p, i);
   }
 
   // lanes == W (every row vector is one pixel's W channels of a channel group) and no
@@ -1965,18 +1936,58 @@ constexpr bool kTakesBf16First = true;
 template <class L, int Mode, int Kind>
 constexpr bool kTakesBf16First<MxLanes<L, Mode, Kind>> = false;
 
+// Returns fn(pol) for the lane policy (over lanes L) of p's method, rounding mode and
+// parameters: the one place that chooses a policy from an op's parameters. Only reachable
+// policies are instantiated (walkers dominate the build's time): the small-mantissa BFP
+// policy only for round-half-to-even, floating MX elements only with it.
+template <class L, class Fn>
+auto with_policy_for(const QdqParams& p, Fn&& fn) {
+  auto with_mode = [&](auto mode_tag) {
+    constexpr int kMode = decltype(mode_tag)::value;
+    switch (p.method) {
+      case Method::kToBfp:
+        if constexpr (kMode == kHalfEven) {
+          if (p.mantissa_bits <= 21) return fn(BfpLanes<L, kMode, true>{p.mantissa_bits});
+        }
+        return fn(BfpLanes<L, kMode, false>{p.mantissa_bits});
+      case Method::kToBfpPrime:
+        return fn(PrimeLanes<L, kMode>{p.mantissa_bits, p.sub_block_size, p.sub_block_shift_bits});
+      case Method::kMx:
+        break;
+    }
+    // MX: floating elements ignore the rounding mode (they come here with kHalfEven only).
+    if constexpr (kMode == kHalfEven) {
+      if (!p.element.is_int) return fn(MxLanes<L, kMode, kMxFloatElement>{p.element});
+    }
+    return fn(MxLanes<L, kMode, kMxIntElement>{p.element});
+  };
+  const bool float_mx = p.method == Method::kMx && !p.element.is_int;
+  switch (float_mx ? 2 : p.rounding_mode) {
+    case 0: return with_mode(std::integral_constant<int, 0>{});
+    case 1: return with_mode(std::integral_constant<int, 1>{});
+    default: return with_mode(std::integral_constant<int, 2>{});
+  }
+}
+
+// Whether p's policy has the plain form (Pol::kPlain > 0: blocks_plain and the other plain
+// walks apply): to_bfp rounding half to even with at most 21 mantissa bits, MX with floating
+// elements, or with integer elements rounding half to even.
+inline bool has_plain_form(const QdqParams& p) {
+  return with_policy_for<ScalarLanes>(p, [](auto pol) { return decltype(pol)::kPlain > 0; });
+}
+
 // The dispatch from runtime parameters to a walker over elements of type IO: calls fn(walker)
 // with the walker of lanes L that `p` selects; Stream: the walker that stores non-temporally
 // (vector lanes, float32, see stream_supported); `prefetch_rows`: Walker::prefetch_rows.
 // Only reachable walkers are instantiated (they dominate the build's time): no bf16_first
 // walker for MX ops or for bfloat16 elements (rounding a bfloat16 value to bfloat16 is the
-// identity, so that walker's bits are the plain one's), and the small-mantissa BFP policy
-// only for round-half-to-even.
+// identity, so that walker's bits are the plain one's), and of the policies only those
+// with_policy_for reaches.
 template <class L, class IO, bool Stream, class Fn>
 void with_walker_for(const QdqParams& p, const void* x, void* y, const Geometry& g, Fn&& fn,
                      bool prefetch_rows) {
   using T = typename IO::T;
-  auto with_policy = [&](auto pol) {
+  with_policy_for<L>(p, [&](auto pol) {
     using Pol = decltype(pol);
     auto go = [&](auto bf16_first) {
       fn(Walker<L, IO, decltype(bf16_first)::value, Pol, Stream>{
@@ -1988,32 +1999,7 @@ void with_walker_for(const QdqParams& p, const void* x, void* y, const Geometry&
       if (p.bf16_first) return go(std::true_type{});
     }
     go(std::false_type{});
-  };
-  auto with_mode = [&](auto mode_tag) {
-    constexpr int kMode = decltype(mode_tag)::value;
-    switch (p.method) {
-      case Method::kToBfp:
-        if constexpr (kMode == kHalfEven) {
-          if (p.mantissa_bits <= 21) return with_policy(BfpLanes<L, kMode, true>{p.mantissa_bits});
-        }
-        with_policy(BfpLanes<L, kMode, false>{p.mantissa_bits});
-        break;
-      case Method::kToBfpPrime:
-        with_policy(PrimeLanes<L, kMode>{p.mantissa_bits, p.sub_block_size, p.sub_block_shift_bits});
-        break;
-      case Method::kMx:
-        if (p.element.is_int) with_policy(MxLanes<L, kMode, kMxIntElement>{p.element});
-        else if constexpr (kMode == kHalfEven)  // floating elements ignore the rounding mode
-          with_policy(MxLanes<L, kMode, kMxFloatElement>{p.element});
-        break;
-    }
-  };
-  const bool float_mx = p.method == Method::kMx && !p.element.is_int;
-  switch (float_mx ? 2 : p.rounding_mode) {
-    case 0: with_mode(std::integral_constant<int, 0>{}); break;
-    case 1: with_mode(std::integral_constant<int, 1>{}); break;
-    default: with_mode(std::integral_constant<int, 2>{}); break;
-  }
+  });
 }
 
 // Calls fn(IO{}, std::bool_constant<Stream>{}) for the element type `t`; `stream` (vector

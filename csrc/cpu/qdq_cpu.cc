@@ -195,14 +195,9 @@ Isa isa_for_request(const char* req) {
 }
 
 // Whether the AVX-512 walker takes blocks of 8 elements (half a vector) sixteen at a time
-// (block_walker.h, blocks_plain_halves): for the policies with a plain form (BfpLanes /
-// MxLanes kPlain > 0): to_bfp rounding half to even with at most 21 mantissa bits, MX with
-// floating elements, or with int8 elements rounding half to even.
+// (block_walker.h, blocks_plain<kHalfVector>): for the policies with a plain form.
 bool avx512_takes_half_vector_blocks(const QdqParams& p) {
-  if (p.block_size != 8) return false;
-  if (p.method == Method::kToBfp) return p.rounding_mode == 2 && p.mantissa_bits <= 21;
-  if (p.method == Method::kMx) return !p.element.is_int || p.rounding_mode == 2;
-  return false;
+  return p.block_size == 8 && has_plain_form(p);
 }
 
 // Whether the AVX2 walker takes blocks of this op along rows at a time where the AVX-512 one
@@ -212,7 +207,7 @@ bool avx512_takes_half_vector_blocks(const QdqParams& p) {
 // of two blocks at a time with its own lane reductions, except where
 // avx512_takes_half_vector_blocks. Measured on an Intel Xeon (family 6 model 207, AVX-512),
 // one thread, float32, blocked axis innermost, BFP16, GB/s AVX-512 against AVX2
-// (MXOPS_CPU_ISA, ort-mx-bench), before blocks_plain_halves: 14.3 / 24.6 at 64 Ki elements,
+// (MXOPS_CPU_ISA, ort-mx-bench), before blocks of half a vector: 14.3 / 24.6 at 64 Ki elements,
 // 14.9 / 23.8 at 256 Ki, 15.4 / 24.7 at 1 Mi, 14.0 / 14.1 at 16 Mi. With it, x Neg AVX-512
 // against AVX2 (2-core Xeon, the same model, two runs): 0.60-0.63 / 0.36-0.47 at 64 Ki,
 // 0.87 / 0.73-0.81 at 256 Ki, 0.89-0.90 / 0.81-0.82 at 1 Mi.
