@@ -12,10 +12,12 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -26,6 +28,7 @@ from ort_mx_ops.benchmarks import graphs
 from ort_mx_ops.formats import CONFIGS
 
 __all__ = ["Options", "EP_DEVICE", "available_eps", "run_sweep", "machine_info", "ITEMSIZE",
+           "process_memory_pages", "memory_pages_phrase",
            "DEFAULT_SIZES", "TINY_SIZES"]
 
 EP_DEVICE = {"CPUExecutionProvider": ("CPU", "cpu"), "CUDAExecutionProvider": ("CUDA", "cuda"),
@@ -109,6 +112,33 @@ def _gpu_names() -> list[str]:
         except (OSError, subprocess.TimeoutExpired):
             continue
     return []
+
+
+def process_memory_pages() -> dict[str, Any] | None:
+    """This process's resident memory and the part of it on transparent huge pages (2 MiB on
+    x86-64), in KiB, from /proc/self/smaps_rollup; None where the system has no such file.
+
+    onnxruntime takes its buffers from the C library's allocator, so they lie on huge pages
+    only where that allocator asks for them (glibc 2.35 and later: GLIBC_TUNABLES=
+    glibc.malloc.hugetlb=1 with transparent huge pages in `madvise` or `always` mode)."""
+    try:
+        text = Path("/proc/self/smaps_rollup").read_text()
+    except OSError:
+        return None
+    fields = dict(re.findall(r"^(\w+):\s+(\d+) kB", text, flags=re.MULTILINE))
+    return {"rss_kib": int(fields.get("Rss", 0)),
+            "anon_huge_pages_kib": int(fields.get("AnonHugePages", 0)),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}
+
+
+def memory_pages_phrase(pages: dict[str, Any] | None) -> str | None:
+    """process_memory_pages' numbers as a report line, or None where there are none."""
+    if not pages:
+        return None
+    tunables = pages["glibc_tunables"]
+    return (f"this process's memory after the runs: {pages['rss_kib'] / 1024:.0f} MiB resident, "
+            f"{pages['anon_huge_pages_kib'] / 1024:.0f} MiB of it on huge pages (GLIBC_TUNABLES "
+            f"{tunables if tunables else 'unset'}; benchmarks/README.md)")
 
 
 def machine_info() -> dict[str, Any]:
@@ -432,7 +462,7 @@ def run_sweep(opts: Options) -> dict[str, Any]:
                     opts.log(_progress(ep, dtype, n, layout, rows))
                     del variants, point
     return {"machine": machine_info(), "options": _options_doc(opts), "results": results,
-            "errors": errors}
+            "errors": errors, "memory_pages": process_memory_pages()}
 
 
 def _rows(variants: list, point: Point, layout: str, checks: dict) -> list[dict]:

@@ -44,7 +44,7 @@ import onnxruntime as ort
 import ort_mx_ops
 from ort_mx_ops.benchmarks.graphs import BF16_FUSED
 from ort_mx_ops.benchmarks import harness
-from ort_mx_ops.benchmarks.harness import EP_DEVICE, machine_info
+from ort_mx_ops.benchmarks.harness import EP_DEVICE, machine_info, process_memory_pages
 from ort_mx_ops.formats import BLOCK_OPS, CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
 __all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_breakdowns",
@@ -467,6 +467,8 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         "machine": machine_info(),
         "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
+        # after the runs: how much of onnxruntime's memory (and ours) lay on huge pages
+        "memory_pages": process_memory_pages(),
         "options": {"configs": opts.configs, "threads": opts.threads,
                     "thread_pool": opts.thread_pool, "warmup": opts.warmup,
                     "rounds": opts.rounds, "warm_runs": opts.warm_runs,
@@ -503,6 +505,9 @@ def markdown(doc: dict) -> str:
                f"rounds after {o['warmup']} warm-up runs, each turn {turn}; profile: per-node "
                f"median of {o['profile_runs']} runs; load average {before:.1f} before, "
                f"{after:.1f} after")
+    pages = harness.memory_pages_phrase(doc.get("memory_pages"))
+    if pages:
+        out.append(f"- {pages}")
     if warm_runs:
         out.append("- cold: each turn's first run, after the other models ran (caches hold "
                    "their data); warm: the median of the turn's next runs (a model run back to "

@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ort_mx_ops.benchmarks.harness import uses_shared_pool
+from ort_mx_ops.benchmarks.harness import memory_pages_phrase, uses_shared_pool
 
 _LAYOUTS = ("innermost", "outer", "nchwc")  # harness.LAYOUTS, in the tables' order
 
@@ -73,6 +73,9 @@ def markdown(doc: dict) -> str:
                "bytes read + written; ×Neg / ×copy = the reference's "
                "median time / this one's, measured in the same rounds; (best): the same from "
                "each one's fastest run")
+    pages = memory_pages_phrase(doc.get("memory_pages"))
+    if pages:
+        out.append(f"- {pages}")
     out.append("")
     groups = sorted({(r["ep"], r["dtype"]) for r in res})
     for ep, dtype in groups:

@@ -3,8 +3,11 @@ Markdown and PNG outputs. Times are not checked (speed is reported by benchmarks
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -79,6 +82,55 @@ def test_tiny_sweep_markdown(tiny_run):
     # --tiny: exactly 2 timed runs after 1 warm-up run, said so in plain words.
     assert "median of 2 interleaved runs after 1 warm-up run;" in md
     assert "2–2" not in md and "1 warm-up runs" not in md
+
+
+def test_tiny_sweep_records_the_memory_pages(tiny_run):
+    doc = json.loads((tiny_run / "results.json").read_text())
+    pages = doc["memory_pages"]
+    if not Path("/proc/self/smaps_rollup").exists():
+        assert pages is None
+        return
+    assert pages["rss_kib"] > 0 and 0 <= pages["anon_huge_pages_kib"] <= pages["rss_kib"]
+    assert pages["glibc_tunables"] == os.environ.get("GLIBC_TUNABLES")
+    md = (tiny_run / "results.md").read_text()
+    assert f"{pages['rss_kib'] / 1024:.0f} MiB resident" in md
+
+
+def _transparent_huge_pages_mode() -> str | None:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+
+
+def test_glibc_tunable_puts_onnxruntime_buffers_on_huge_pages():
+    """What benchmarks/README.md tells users: with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 the
+    buffers onnxruntime allocates lie on transparent huge pages (glibc 2.35+, THP madvise or
+    always), which process_memory_pages reports."""
+    libc, version = platform.libc_ver()
+    if libc != "glibc" or tuple(int(v) for v in version.split(".")[:2]) < (2, 35):
+        pytest.skip(f"needs glibc 2.35 or later (here: {libc or 'no glibc'} {version})")
+    if _transparent_huge_pages_mode() not in ("madvise", "always"):
+        pytest.skip(f"transparent huge pages are {_transparent_huge_pages_mode()} here")
+    script = (
+        "import numpy as np, onnx, onnxruntime as ort\n"
+        "from onnx import helper, TensorProto\n"
+        "from ort_mx_ops.benchmarks.harness import process_memory_pages\n"
+        "x = helper.make_tensor_value_info('x', TensorProto.FLOAT, [8, 1024, 1024])\n"
+        "y = helper.make_tensor_value_info('y', TensorProto.FLOAT, [8, 1024, 1024])\n"
+        "g = helper.make_graph([helper.make_node('Neg', ['x'], ['y'])], 'g', [x], [y])\n"
+        "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)])\n"
+        "s = ort.InferenceSession(m.SerializeToString(), providers=['CPUExecutionProvider'])\n"
+        "out = s.run(None, {'x': np.ones((8, 1024, 1024), np.float32)})[0]\n"
+        "assert (out == -1).all()\n"
+        "print(process_memory_pages()['anon_huge_pages_kib'])\n")
+    env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the input and the output: 32 MiB each
+    assert int(proc.stdout.split()[-1]) >= 32 * 1024
 
 
 def test_runs_phrase_counts_and_ranges():

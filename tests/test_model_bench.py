@@ -86,6 +86,9 @@ def test_report_structure(cnn_run):
     assert by["BF16fused"]["profile"]["ours_nodes"] * 2 == by["BF16"]["profile"]["ours_nodes"]
     assert by["BF16fused"]["bit_identical_to_same_as"] and by["BF16fused"]["same_as"] == "BF16"
     assert len(doc["load_average_before"]) == 3
+    pages = doc["memory_pages"]  # None only where /proc/self/smaps_rollup is missing
+    assert pages is None or pages["rss_kib"] >= pages["anon_huge_pages_kib"] >= 0
+    assert pages is None or f"{pages['rss_kib'] / 1024:.0f} MiB resident" in text
 
 
 def test_numbers_are_real(cnn_run):
