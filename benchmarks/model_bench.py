@@ -44,7 +44,7 @@ import onnxruntime as ort
 import ort_mx_ops
 from ort_mx_ops.benchmarks.graphs import BF16_FUSED
 from ort_mx_ops.benchmarks import harness
-from ort_mx_ops.benchmarks.harness import EP_DEVICE, machine_info, process_memory_pages
+from ort_mx_ops.benchmarks.harness import EP_DEVICE, machine_info
 from ort_mx_ops.formats import BLOCK_OPS, CONFIGS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
 
 __all__ = ["main", "build_parser", "run_model_bench", "ModelOptions", "profile_breakdowns",
@@ -468,7 +468,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
         "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
         # after the runs: how much of onnxruntime's memory (and ours) lay on huge pages
-        "memory_pages": process_memory_pages(),
+        "memory_pages": harness.process_memory_pages(),
         "options": {"configs": opts.configs, "threads": opts.threads,
                     "thread_pool": opts.thread_pool, "warmup": opts.warmup,
                     "rounds": opts.rounds, "warm_runs": opts.warm_runs,

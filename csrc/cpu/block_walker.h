@@ -337,6 +337,10 @@ struct Walker {
   static constexpr int W = L::W;
   // blocks_plain's and spans' kNv for blocks of half a vector (AVX-512, blocks of 8).
   static constexpr int kHalfVector = 0;
+  // Whether this walker takes blocks of half a vector W at a time (blocks_plain<kHalfVector>):
+  // 16 lanes and a policy with the plain form (qdq_cpu.cc's avx512_takes_half_vector_blocks
+  // sends exactly those ops to the AVX-512 walker).
+  static constexpr bool kHalfVectorBlocks = W == 16 && Pol::kPlain > 0 && !Pol::kSubBlocks;
   static constexpr int64_t kTileVectors = kTileColumns / W;
 
   const T* x;
@@ -433,7 +437,7 @@ struct Walker {
   // parameters broadcast to its halves (broadcast_pair).
   template <int kNv>
   MXOPS_VINL bool blocks_plain(const Pol& pol, const T* p, T* q) const {
-    static_assert(kNv > 0 || W == 16, "blocks of half a vector: 16 lanes");
+    static_assert(kNv > 0 || kHalfVectorBlocks, "blocks of half a vector: 16 lanes, the plain form");
     constexpr bool kHalves = kNv == kHalfVector;
     constexpr int kGroups = kHalves ? W / 2 : W;  // vector groups: a block, or a vector of two
     constexpr int kPer = kHalves ? 1 : kNv;       // vectors a group
@@ -617,11 +621,10 @@ struct Walker {
     const int span_nv = W == 1 ? 0 : bs == W ? 1 : bs == 2 * W ? 2 : bs == 4 * W ? 4 : 0;
     const int64_t span = span_nv * W * W;
     // Blocks of half a vector (AVX-512, BFP16): W at a time, the plain form's policies.
-    constexpr bool kHalves = W == 16 && Pol::kPlain > 0 && !Pol::kSubBlocks;
-    const int64_t half_span = kHalves && 2 * bs == W ? W / 2 * W : 0;
+    const int64_t half_span = kHalfVectorBlocks && 2 * bs == W ? W / 2 * W : 0;
     for (int64_t g = 0; g < n_simd;) {
       int64_t stop = n_simd;
-      if constexpr (kHalves) {
+      if constexpr (kHalfVectorBlocks) {
         if (half_span > 0 && g + half_span <= n_simd) {
           g = spans<kHalfVector>(pol, px, py, g, n_simd);
           if (g + half_span <= n_simd) stop = g + half_span;
