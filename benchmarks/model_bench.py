@@ -438,8 +438,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
             "times_s": times[label],
             "ratio_to_float": med / f_med, "ratio_to_float_best": best / f_min,
             # per round, this run over the float run of the same round; the median of those
-            "ratio_to_float_paired": statistics.median(
-                t / f for t, f in zip(times[label], times["float"])),
+            "ratio_to_float_paired": _paired_median(times[label], times["float"]),
             # summed per-node medians from the profiler: less exposed to load from elsewhere
             "node_time_ratio_to_float": prof["node_seconds"] / profiles["float"]["node_seconds"],
             # the same from the warm runs (--warm-runs): a model run back to back
@@ -447,8 +446,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                 "warm_times_s": warm[label],
                 "ratio_to_float_warm": statistics.median(warm[label])
                 / statistics.median(warm["float"]),
-                "ratio_to_float_warm_paired": statistics.median(
-                    t / f for t, f in zip(warm[label], warm["float"]))}
+                "ratio_to_float_warm_paired": _paired_median(warm[label], warm["float"])}
                if warm else {}),
             **({"ratio_to_float_nchwc": med / statistics.median(times["float+nchwc"]),
                 "ratio_to_float_nchwc_best": best / min(times["float+nchwc"])}
@@ -460,6 +458,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
             / profiles["float"]["node_seconds"],
             **qinfo.get(label, {}), **checks.get(label, {}), **vs_cpu.get(label, {}),
         })
+    add_floor_ratios(rows)
     return {
         "kind": "model",
         "model": os.path.abspath(opts.model),
@@ -480,9 +479,54 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
     }
 
 
+def _paired_median(times: list[float], reference: list[float]) -> float:
+    """The median over rounds of a run's time over the reference's run in the same round."""
+    return statistics.median(t / r for t, r in zip(times, reference))
+
+
+def add_floor_ratios(rows: list[dict]) -> None:
+    """For each variant timed beside its ``+neg`` form (--neg-floor), adds how much slower it
+    ran than that floor, paired per round: ``ratio_to_neg_floor_paired`` (cold runs) and, with
+    warm runs, ``ratio_to_neg_floor_warm_paired``; and the floor's own paired ratios to the
+    float model (``neg_floor_ratio_to_float_paired`` / ``..._warm_paired``). The first is what
+    our nodes' arithmetic costs beyond any separate node in their places, measured without the
+    float model's run in between."""
+    by_label = {r["variant"]: r for r in rows}
+    for r in rows:
+        floor = by_label.get(r["variant"] + NEG_FLOOR)
+        if floor is None:
+            continue
+        r["ratio_to_neg_floor_paired"] = _paired_median(r["times_s"], floor["times_s"])
+        r["neg_floor_ratio_to_float_paired"] = floor["ratio_to_float_paired"]
+        if "warm_times_s" in r and "warm_times_s" in floor:
+            r["ratio_to_neg_floor_warm_paired"] = _paired_median(r["warm_times_s"],
+                                                                 floor["warm_times_s"])
+            r["neg_floor_ratio_to_float_warm_paired"] = floor["ratio_to_float_warm_paired"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
+
+def _floor_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: each variant against its Neg floor (add_floor_ratios)."""
+    warm = all("ratio_to_neg_floor_warm_paired" in r for r in rows)
+    head = ["variant", f"{NEG_FLOOR} ×float (paired)", f"×{NEG_FLOOR} (paired)"]
+    if warm:
+        head += [f"{NEG_FLOOR} ×float (warm, paired)", f"×{NEG_FLOOR} (warm, paired)"]
+    out = [f"## Above the Neg floor (×{NEG_FLOOR}: the median over rounds of this variant's "
+           f"run / its {NEG_FLOOR} form's)", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["variant"], f"{r['neg_floor_ratio_to_float_paired']:.3f}",
+                 f"{r['ratio_to_neg_floor_paired']:.3f}"]
+        if warm:
+            cells += [f"{r['neg_floor_ratio_to_float_warm_paired']:.3f}",
+                      f"{r['ratio_to_neg_floor_warm_paired']:.3f}"]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
 
 def markdown(doc: dict) -> str:
     """Latency ratios and the time breakdown as Markdown tables."""
@@ -551,6 +595,9 @@ def markdown(doc: dict) -> str:
                    f"{p['ours_share']:.1%} | {p['layout_nodes']} | {p['layout_share']:.1%} | "
                    f"{r['layout_extra_vs_float_node_time']:+.1%} | {diff} |")
     out.append("")
+    above = [r for r in doc["results"] if "ratio_to_neg_floor_paired" in r]
+    if above:
+        out += _floor_table(above)
     if any("bit_identical_to_cpu" in r for r in doc["results"]):
         out.append(f"## On {o['ep']} against the CPU provider (same model, same inputs)")
         out.append("")

@@ -275,4 +275,30 @@ def test_neg_floor_variants(tmp_path):
         assert rows[label]["profile"]["ours_nodes"] == 0
         assert rows[label]["profile"]["ops"]["Neg"]["nodes"] == base["runtime_nodes"]
         assert rows[label]["ratio_to_float_paired"] > 0
-    assert "+neg: the same model with Neg" in model_bench.markdown(doc)
+        # each variant against its floor, paired per round from the recorded times
+        expected = statistics.median(t / f for t, f in zip(base["times_s"], rows[label]["times_s"]))
+        assert base["ratio_to_neg_floor_paired"] == pytest.approx(expected, rel=1e-12)
+        assert base["neg_floor_ratio_to_float_paired"] == rows[label]["ratio_to_float_paired"]
+    assert "ratio_to_neg_floor_paired" not in rows["BF16"]
+    report = model_bench.markdown(doc)
+    assert "+neg: the same model with Neg" in report
+    assert "## Above the Neg floor" in report
+    assert f"| MX9+nchwc | {rows['MX9+nchwc+neg']['ratio_to_float_paired']:.3f} | " \
+        f"{rows['MX9+nchwc']['ratio_to_neg_floor_paired']:.3f} |" in report
+
+
+def test_floor_ratios_pair_each_variant_with_its_neg_form():
+    """add_floor_ratios: the median over rounds of the variant's run / its +neg form's, cold
+    and warm; variants without a +neg form get nothing."""
+    rows = [
+        {"variant": "MX9", "times_s": [2.0, 3.0, 9.0], "warm_times_s": [1.0, 4.0, 6.0]},
+        {"variant": "MX9+neg", "times_s": [1.0, 2.0, 3.0], "warm_times_s": [1.0, 2.0, 2.0],
+         "ratio_to_float_paired": 1.25, "ratio_to_float_warm_paired": 1.5},
+        {"variant": "BF16", "times_s": [1.0, 1.0, 1.0]},
+    ]
+    model_bench.add_floor_ratios(rows)
+    assert rows[0]["ratio_to_neg_floor_paired"] == 2.0          # median of 2, 1.5, 3
+    assert rows[0]["ratio_to_neg_floor_warm_paired"] == 2.0     # median of 1, 2, 3
+    assert rows[0]["neg_floor_ratio_to_float_paired"] == 1.25
+    assert rows[0]["neg_floor_ratio_to_float_warm_paired"] == 1.5
+    assert "ratio_to_neg_floor_paired" not in rows[1] and "ratio_to_neg_floor_paired" not in rows[2]
