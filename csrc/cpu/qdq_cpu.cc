@@ -274,7 +274,7 @@ void zero_padding(const U* src, U* dst, const NchwcPadding& pad, bool full_group
     const U* s = src + k * plane;
     U* d = dst + k * plane;
     if (k % pad.groups != pad.groups - 1) {
-      if (full_groups) std::memcpy(d, s, static_cast<size_t>(plane) * sizeof(U));
+      if (full_groups && d != s) std::memcpy(d, s, static_cast<size_t>(plane) * sizeof(U));
       return;
     }
     switch (pad.lanes) {  // (a power of two from 2 to kMaxNchwcBlock: 1 has no padding)

@@ -39,8 +39,9 @@ void run_tasks(const TaskRunner& run, int64_t n_tasks, Body&& body) {
 }
 
 // BFPQuantizeDequantize / MXQuantizeDequantize of the tensor `x` (type `t`, viewed as
-// `geometry`) into `y`, which must not overlap `x`. Writes every output element once and
-// allocates nothing the size of the tensor.
+// `geometry`) into `y`: `y` is `x` (in place; every walk reads all elements of a block before
+// it writes any, and blocks do not overlap) or does not overlap it. Writes every output
+// element once and allocates nothing the size of the tensor.
 void quantize_dequantize(const QdqParams& params, DType t, const void* x, void* y,
                          const Geometry& geometry, const TaskRunner& run);
 
@@ -57,7 +58,7 @@ void bf16_dequantize_linear(const uint16_t* y, const float* scale, const uint16_
                             const TaskRunner& run);
 
 // BF16QuantizeDequantize: y = the dequantized bf16_quantize_linear of x, the pair's bits in
-// one pass (x and y float32, not overlapping).
+// one pass (x and y float32; y is x, in place, or does not overlap it).
 void bf16_quantize_dequantize(const float* x, const float* scale, const uint16_t* zero_point,
                               bool per_channel, const Geometry& geometry, float* y,
                               const TaskRunner& run);

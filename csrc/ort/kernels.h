@@ -4,6 +4,7 @@
 //
 //   static const char* provider();                  // ORT's execution provider name
 //   static constexpr bool kNchwc;                   // reads the nchwc_block layout
+//   static constexpr bool kInPlace;                 // output 0 may reuse input 0's buffer
 //   static void quantize_dequantize(OrtKernelContext*, const std::string& label,
 //                                   const QdqParams&, DType, const void* x, void* y,
 //                                   const Geometry&);
@@ -68,6 +69,28 @@ OrtStatusPtr guarded(const std::string& label, F&& f) {
 // a new name.
 OrtStatusPtr infer_same_shape(OrtShapeInferContext* ctx, ONNXTensorElementDataType type);
 
+// Lets onnxruntime give a node's output 0 the buffer of its input 0 (the memory planner does
+// where input 0 has no other reader left and the sizes match; never a graph input or an
+// initializer). The CPU kernels read every element of a block before they write any of it,
+// and blocks do not overlap (cpu::quantize_dequantize), so the bits are the same. Quantizing
+// in place writes to lines the node has just read instead of a second buffer's: on the 2-core
+// Xeon, the orientation classifier's 25 activation nodes of 50-800 KiB (NCHWc, one thread)
+// took 0.65 ms instead of 0.75 ms (MXINT8; README, "In place").
+template <class Backend>
+void may_run_in_place(OrtCustomOp& op) {
+  if constexpr (Backend::kInPlace) {
+    op.GetMayInplace = [](int** input_index, int** output_index) -> size_t {
+      *input_index = new int[1]{0};
+      *output_index = new int[1]{0};
+      return 1;
+    };
+    op.ReleaseMayInplace = [](int* input_index, int* output_index) {
+      delete[] input_index;
+      delete[] output_index;
+    };
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // BFPQuantizeDequantize / MXQuantizeDequantize (and their legacy names)
 // ------------------------------------------------------------------------------------------
@@ -100,6 +123,7 @@ struct BlockOp : Ort::CustomOpBase<BlockOp<Backend>, BlockKernel<Backend>, true>
     OrtCustomOp::InferOutputShapeFn = [](const OrtCustomOp*, OrtShapeInferContext* ctx) {
       return infer_same_shape(ctx, ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED);
     };
+    may_run_in_place<Backend>(*this);
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const {
@@ -179,6 +203,8 @@ struct LinearOp : Ort::CustomOpBase<LinearOp<Backend>, LinearKernel<Backend>, tr
     OrtCustomOp::InferOutputShapeFn = [](const OrtCustomOp* op, OrtShapeInferContext* ctx) {
       return infer_same_shape(ctx, static_cast<const LinearOp*>(op)->GetOutputType(0));
     };
+    // (the element-wise float32 -> float32 one: the other two change the element's size)
+    if (spec.kind == OpKind::kBf16QuantizeDequantize) may_run_in_place<Backend>(*this);
   }
 
   OrtStatusPtr CreateKernelV2(const OrtApi& /*api*/, const OrtKernelInfo* info, void** kernel) const {

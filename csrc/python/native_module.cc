@@ -89,9 +89,11 @@ DType parse_dtype(const py::array& x, const std::string& dtype) {
                         ": float32, float16, or uint16 with dtype='bfloat16'"};
 }
 
-// op: "BFP" or "MX". Returns a new C-contiguous array of x's dtype and shape.
+// op: "BFP" or "MX". Returns a new C-contiguous array of x's dtype and shape; in_place: that
+// array starts as a copy of x and the kernel reads and writes it (as the ONNX Runtime node
+// does where the runtime gives its output the input's buffer), for the tests.
 py::array quantize_dequantize(const std::string& op, py::array x, const py::dict& attrs,
-                              const std::string& dtype, int threads) {
+                              const std::string& dtype, int threads, bool in_place) {
   try {
     const std::string op_name = op == "MX" ? "MXQuantizeDequantize" : "BFPQuantizeDequantize";
     if (op != "BFP" && op != "MX") throw InvalidArgument{"op must be \"BFP\" or \"MX\""};
@@ -102,7 +104,8 @@ py::array quantize_dequantize(const std::string& op, py::array x, const py::dict
     std::vector<int64_t> shape(x.shape(), x.shape() + x.ndim());
     const Geometry g = make_block_geometry(op_name, shape, params);
     py::array y(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
-    const void* in = x.data();
+    if (in_place) std::memcpy(y.mutable_data(), x.data(), static_cast<size_t>(x.nbytes()));
+    const void* in = in_place ? y.data() : x.data();
     void* out = y.mutable_data();
     {
       py::gil_scoped_release release;
@@ -321,7 +324,9 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "ort-mx-ops CPU kernels on numpy arrays (same bits as the ONNX Runtime ops)";
   m.def("quantize_dequantize", &quantize_dequantize, py::arg("op"), py::arg("x"),
         py::arg("attrs"), py::arg("dtype") = "", py::arg("threads") = 1,
-        "Block quantize-dequantize of x; op is \"BFP\" or \"MX\"; attrs as the ONNX node's.");
+        py::arg("in_place") = false,
+        "Block quantize-dequantize of x; op is \"BFP\" or \"MX\"; attrs as the ONNX node's; "
+        "in_place: the kernel computes in the result's buffer, filled with x first (tests).");
   m.def("time_block_op", &time_block_op, py::arg("op"), py::arg("xs"), py::arg("attrs"),
         py::arg("rounds") = 100,
         "Per float32 array of xs, the best of `rounds` calls of the block op (one thread) and "
