@@ -46,9 +46,9 @@ constexpr int64_t kChunk = 16384;
 constexpr int64_t kTileColumns = 128;
 // Blocked axis outer, rows a multiple of row_walk_stride_bytes() apart, blocks of at least
 // kRowWalkRows rows: a unit is one block down the axis across kRowColumns columns, walked a
-// whole row at a time (Walker::row_walk). float32 from rows 2 KiB apart, the 16-bit types
-// from 4 KiB: at 2 KiB ([1024, 1024]) bfloat16 measured 17-25 % slower than with the column
-// walk, float16 from 5 % faster to 22 % slower.
+// whole row at a time (Walker::row_walk; exceptions: takes_row_walk). float32 from rows 2 KiB
+// apart, the 16-bit types from 4 KiB: at 2 KiB ([1024, 1024]) bfloat16 measured 17-25 %
+// slower than with the column walk, float16 from 5 % faster to 22 % slower.
 constexpr int64_t kRowWalkRows = 16;
 constexpr int64_t kRowColumns = 1024;
 constexpr int64_t row_walk_stride_bytes(int64_t element_bytes) { return element_bytes == 4 ? 2048 : 4096; }
@@ -89,34 +89,6 @@ MXOPS_VINL int64_t walk_block_size(const QdqParams& p, const Geometry& g) {
   return g.lanes > 1 ? p.block_size / g.lanes : p.block_size;
 }
 
-MXOPS_VINL UnitPlan plan_units(const Geometry& g, int64_t block_size, int64_t element_bytes) {
-  UnitPlan p;
-  const int64_t bs = block_size;
-  if (g.inner == 1) {
-    p.chunk = bs >= kChunk ? bs : kChunk / bs * bs;
-    const int64_t per_row = (g.length + p.chunk - 1) / p.chunk;
-    p.units = g.outer * per_row;
-    p.unit_elements = p.chunk < g.length ? p.chunk : g.length;
-  } else {
-    // The NCHWc view: a block is only block_size / lanes rows, so a unit of kTileColumns
-    // columns would hold a few hundred elements; a unit of whole kTileColumns-column tiles
-    // side by side holds about kChunk (lanes_tile walks them in one pass).
-    if (g.lanes > 1 && bs < kChunk / kTileColumns) p.tile_columns = kChunk / bs / kTileColumns * kTileColumns;
-    if (g.lanes == 1 && g.inner * element_bytes % row_walk_stride_bytes(element_bytes) == 0 &&
-        bs >= kRowWalkRows)
-      p.tile_columns = kRowColumns;
-    const int64_t tw = p.tile_columns;
-    const int64_t tiles = (g.inner + tw - 1) / tw;
-    const int64_t blocks = (g.length + bs - 1) / bs;
-    p.units = g.outer * blocks * tiles;
-    p.unit_elements = (bs < g.length ? bs : g.length) * (g.inner < tw ? g.inner : tw);
-  }
-  return p;
-}
-
-
-MXOPS_VINL int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 // The ways of the L1 data cache, as the processor reports them (CPUID leaf 4 on Intel,
 // 0x8000001D on AMD: the first level-1 data or unified cache's ways), 8 where it does not say.
 inline int64_t l1d_ways() {
@@ -140,6 +112,49 @@ inline int64_t l1d_ways() {
   }();
   return ways;
 }
+// Whether a block of `bs` rows of `element_bytes` each, `g.inner` apart, takes the row walk
+// (plan_units). Not to_bfp_prime's sub-blocks (MX9, MX6, MX4) in float32 at strides of 2 KiB
+// that are not a multiple of 4 KiB where the L1 has 12 ways or more (48 KiB on Intel's recent
+// cores): they take the column walk with kept rows (column_walk). Measured on the 2-core Xeon
+// (12 ways; the walker called directly, one thread, xNeg, MX9 / MX6 / MX4, two runs each,
+// row walk -> kept columns): AVX-512 [512, 512] 0.63-0.79 -> 0.76-0.80, [1024, 512] 0.75-0.83
+// -> 0.89-0.90, [2048, 512] 0.74-0.83 -> 0.89-0.91, [256, 512] 0.52-0.59 -> 0.57-0.63; AVX2
+// [512, 512] 0.43-0.56 -> 0.58-0.60, [1024, 512] and [2048, 512] 0.67-0.70 -> 0.75-0.78. On
+// Zen 3 (8 ways) the row walk had measured faster there (fc643dd), and the plain form's
+// policies (MXINT8, the MXFP formats) keep it on the Xeon too (kept columns: [512, 512] MXINT8
+// 0.64-0.67 -> 0.52-0.58).
+MXOPS_VINL bool takes_row_walk(const QdqParams& q, const Geometry& g, int64_t bs, int64_t element_bytes) {
+  const int64_t stride = g.inner * element_bytes;
+  if (g.lanes != 1 || stride % row_walk_stride_bytes(element_bytes) != 0 || bs < kRowWalkRows) return false;
+  return !(q.method == Method::kToBfpPrime && element_bytes == 4 && stride % 4096 != 0 && l1d_ways() >= 12);
+}
+
+MXOPS_VINL UnitPlan plan_units(const QdqParams& q, const Geometry& g, int64_t element_bytes) {
+  UnitPlan p;
+  const int64_t bs = walk_block_size(q, g);
+  if (g.inner == 1) {
+    p.chunk = bs >= kChunk ? bs : kChunk / bs * bs;
+    const int64_t per_row = (g.length + p.chunk - 1) / p.chunk;
+    p.units = g.outer * per_row;
+    p.unit_elements = p.chunk < g.length ? p.chunk : g.length;
+  } else {
+    // The NCHWc view: a block is only block_size / lanes rows, so a unit of kTileColumns
+    // columns would hold a few hundred elements; a unit of whole kTileColumns-column tiles
+    // side by side holds about kChunk (lanes_tile walks them in one pass).
+    if (g.lanes > 1 && bs < kChunk / kTileColumns) p.tile_columns = kChunk / bs / kTileColumns * kTileColumns;
+    if (takes_row_walk(q, g, bs, element_bytes)) p.tile_columns = kRowColumns;
+    const int64_t tw = p.tile_columns;
+    const int64_t tiles = (g.inner + tw - 1) / tw;
+    const int64_t blocks = (g.length + bs - 1) / bs;
+    p.units = g.outer * blocks * tiles;
+    p.unit_elements = (bs < g.length ? bs : g.length) * (g.inner < tw ? g.inner : tw);
+  }
+  return p;
+}
+
+
+MXOPS_VINL int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 MXOPS_VINL bool power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 constexpr int log2_exact(int64_t v) {
   int k = 0;
@@ -865,7 +880,7 @@ struct Walker {
   // BFP16's 8 rows (kept columns: 0.34-0.39 against 0.31), nor at 2 KiB strides ([512, 512]:
   // 0.52 both; kept columns stay), nor with half-tile rows (AVX2 and AVX-512: slower).
   // (Blocks of 16 or 32 rows with the plain form or sub-blocks take row_walk at 2 KiB strides
-  // and more: plan_units.)
+  // and more, except sub-blocks at 2 KiB where the L1 has 12 ways: takes_row_walk.)
   static MXOPS_VINL ColumnWalk column_walk(int64_t n, int64_t inner, const T* x, const T* y) {
     constexpr int64_t kLine = 64, kSets = 64, kWays = 8;
     const int64_t stride = inner * int64_t(sizeof(T));
