@@ -330,7 +330,8 @@ def with_neg_nodes(src: str, dst: str) -> int:
     """Writes to ``dst`` the model at ``src`` with each node of our block ops in its main graph
     replaced by ``Neg`` of the same input: the same tensor read and written once with no
     arithmetic, so its latency is the least that any separate node in those places costs
-    (its outputs are not meaningful). Returns the number of nodes replaced."""
+    when it writes a buffer of its own (ours may run in place; its outputs are not
+    meaningful). Returns the number of nodes replaced."""
     model = onnx.load(src)
     replaced = 0
     for node in model.graph.node:
@@ -567,7 +568,8 @@ def markdown(doc: dict) -> str:
     if o.get("neg_floor"):
         out.append(f"- {NEG_FLOOR}: the same model with Neg in place of each of our nodes (one "
                    "read and one write of the same tensors, no arithmetic): the least any "
-                   "separate node in those places costs; its outputs are not meaningful")
+                   "separate node in those places costs when it writes a buffer of its own "
+                   "(ours may run in place); its outputs are not meaningful")
     out.append("")
     control = any("ratio_to_float_nchwc" in r for r in doc["results"])
     warm = any("ratio_to_float_warm" in r for r in doc["results"])
@@ -698,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--neg-floor", action="store_true",
                    help="also time each BFP / MX model (and its --nchwc form) with Neg in place "
                         "of each of our nodes: one read and one write of the same tensors, no "
-                        "arithmetic, the least any separate node there costs (label +neg; its "
+                        "arithmetic, the least any separate node writing a buffer of its own "
+                        "there costs (label +neg; its "
                         "outputs are not meaningful)")
     p.add_argument("--ep", default="CPU",
                    help="execution provider to time and profile: CPU, CUDA or ROCM (or its "
