@@ -701,8 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time each BFP / MX model (and its --nchwc form) with Neg in place "
                         "of each of our nodes: one read and one write of the same tensors, no "
                         "arithmetic, the least any separate node writing a buffer of its own "
-                        "there costs (label +neg; its "
-                        "outputs are not meaningful)")
+                        "there costs (label +neg; its outputs are not meaningful)")
     p.add_argument("--ep", default="CPU",
                    help="execution provider to time and profile: CPU, CUDA or ROCM (or its "
                         "full name); on a GPU provider every model also runs once on the CPU "
