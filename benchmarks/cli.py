@@ -6,6 +6,7 @@
     ort-mx-bench --other-library /path/to/libcustom_ops.so   # e.g. Quark's, same op names
     ort-mx-bench --model model.onnx [--configs MX9,MXINT8]  # model level: see model_bench.py
     ort-mx-bench --kernel [--configs MXINT8] [--nchwc] [--input hardswish]  # the CPU kernel alone: kernel_bench.py
+    ort-mx-bench --walk-bound [--shapes 512x512] [--block 32]  # the walks' structure alone: walk_bound.py
 """
 from __future__ import annotations
 
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernel mode: the CPU block kernel called directly against a negation "
                         "loop, on activation shapes (ort-mx-bench --kernel --help for its "
                         "options)")
+    p.add_argument("--walk-bound", action="store_true",
+                   help="the blocked-axis-outer walks' structure alone, compiled here, against "
+                        "a negation loop (ort-mx-bench --walk-bound --help for its options)")
     return p
 
 
@@ -111,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--kernel" in argv:
         from ort_mx_ops.benchmarks import kernel_bench  # the CPU kernel called directly
         return kernel_bench.main(argv)
+    if "--walk-bound" in argv:
+        from ort_mx_ops.benchmarks import walk_bound  # the walks' structure alone
+        return walk_bound.main(argv)
     args = build_parser().parse_args(argv)
     configs = list(graphs.BENCH_CONFIGS) if args.configs == "all" else _list(args.configs)
     for c in configs:
