@@ -10,6 +10,7 @@ burst of load from elsewhere on the machine hits all of them alike, and the rati
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import re
@@ -27,8 +28,8 @@ import ort_mx_ops
 from ort_mx_ops.benchmarks import graphs
 from ort_mx_ops.formats import CONFIGS
 
-__all__ = ["Options", "EP_DEVICE", "available_eps", "run_sweep", "machine_info", "ITEMSIZE",
-           "process_memory_pages", "memory_pages_phrase",
+__all__ = ["Options", "EP_DEVICE", "available_eps", "run_sweep", "machine_info", "write_results",
+           "ITEMSIZE", "process_memory_pages", "memory_pages_phrase",
            "DEFAULT_SIZES", "TINY_SIZES"]
 
 EP_DEVICE = {"CPUExecutionProvider": ("CPU", "cpu"), "CUDAExecutionProvider": ("CUDA", "cuda"),
@@ -139,6 +140,19 @@ def memory_pages_phrase(pages: dict[str, Any] | None) -> str | None:
     return (f"this process's memory after the runs: {pages['rss_kib'] / 1024:.0f} MiB resident, "
             f"{pages['anon_huge_pages_kib'] / 1024:.0f} MiB of it on huge pages (GLIBC_TUNABLES "
             f"{tunables if tunables else 'unset'}; benchmarks/README.md)")
+
+
+def write_results(out: str | Path, stem: str, doc: dict, text: str, quiet: bool = False) -> None:
+    """Write ``doc`` as ``<out>/<stem>.json`` and ``text`` (its Markdown) as ``<stem>.md``,
+    creating ``out``; unless ``quiet``, print the Markdown and the two paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / f"{stem}.json", out / f"{stem}.md"
+    paths[0].write_text(json.dumps(doc, indent=1) + "\n")
+    paths[1].write_text(text)
+    if not quiet:
+        print(text, end="")
+        print(f"wrote {paths[0]}, {paths[1]}")
 
 
 def machine_info() -> dict[str, Any]:

@@ -24,9 +24,7 @@ same cache sets in every run; benchmarks/README.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -212,13 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                        "per_shape": args.per_shape},
            "results": results}
     text = markdown(doc)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kernel_results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "kernel_results.md").write_text(text)
-    if not args.quiet:
-        print(text, end="")
-        print(f"wrote {out / 'kernel_results.json'}, {out / 'kernel_results.md'}")
+    harness.write_results(args.out, "kernel_results", doc, text, args.quiet)
     return 0
 
 

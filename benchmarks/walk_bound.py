@@ -75,8 +75,9 @@ def build(directory: Path) -> Path:
     compiler's message where a step fails."""
     cxx = _compiler()
     negation, program = directory / "negation.o", directory / "walk_bound"
-    steps = [[cxx, "-O3", "-std=c++17", "-DWALK_BOUND_NEGATION", "-c", str(SOURCE), "-o", str(negation)],
-             [cxx, "-O3", "-std=c++17", "-march=native", str(SOURCE), str(negation), "-o", str(program)]]
+    flags = [cxx, "-O3", "-std=c++17"]
+    steps = [flags + ["-DWALK_BOUND_NEGATION", "-c", str(SOURCE), "-o", str(negation)],
+             flags + ["-march=native", str(SOURCE), str(negation), "-o", str(program)]]
     for cmd in steps:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True)
@@ -123,7 +124,8 @@ def markdown(doc: dict) -> str:
              f"{m['time']}",
              "- ×negation: a negation loop's time (baseline instructions) over the walk's; "
              "every walk's output checked bit for bit", "",
-             "| shape | negation µs | " + " | ".join(f"{w} µs (×negation)" for w in WALKS) + " |",
+             "| shape | negation µs | "
+             + " | ".join(f"{w} µs (×negation)" for w in WALKS) + " |",
              "|---|---:|" + "---:|" * len(WALKS)]
     for r in doc["results"]:
         by = {w["name"]: w for w in r["walks"]}
@@ -169,13 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "block": args.block, "rounds": args.rounds},
            "results": results}
     text = markdown(doc)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "walk_bound.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "walk_bound.md").write_text(text)
-    if not args.quiet:
-        print(text, end="")
-        print(f"wrote {out / 'walk_bound.json'}, {out / 'walk_bound.md'}")
+    harness.write_results(args.out, "walk_bound", doc, text, args.quiet)
     return 0
 
 

@@ -78,4 +78,5 @@ def test_a_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="cannot run the C\\+\\+ compiler"):
         walk_bound.build(tmp_path)
     with pytest.raises(SystemExit, match="cannot run the C\\+\\+ compiler"):
-        walk_bound.main(["--walk-bound", "--shapes", "32x32", "--out", str(tmp_path / "o"), "--quiet"])
+        walk_bound.main(["--walk-bound", "--shapes", "32x32", "--out", str(tmp_path / "o"),
+                         "--quiet"])
