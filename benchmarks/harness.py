@@ -29,7 +29,7 @@ from ort_mx_ops.benchmarks import graphs
 from ort_mx_ops.formats import CONFIGS
 
 __all__ = ["Options", "EP_DEVICE", "available_eps", "run_sweep", "machine_info", "write_results",
-           "ITEMSIZE", "process_memory_pages", "memory_pages_phrase",
+           "load_average_phrase", "ITEMSIZE", "process_memory_pages", "memory_pages_phrase",
            "DEFAULT_SIZES", "TINY_SIZES"]
 
 EP_DEVICE = {"CPUExecutionProvider": ("CPU", "cpu"), "CUDAExecutionProvider": ("CUDA", "cuda"),
@@ -140,6 +140,12 @@ def memory_pages_phrase(pages: dict[str, Any] | None) -> str | None:
     return (f"this process's memory after the runs: {pages['rss_kib'] / 1024:.0f} MiB resident, "
             f"{pages['anon_huge_pages_kib'] / 1024:.0f} MiB of it on huge pages (GLIBC_TUNABLES "
             f"{tunables if tunables else 'unset'}; benchmarks/README.md)")
+
+
+def load_average_phrase(machine: dict[str, Any]) -> str:
+    """"; load average L before" from machine_info's one-minute load, or "" where it has none."""
+    load = machine.get("load_average")
+    return f"; load average {load[0]:.1f} before" if load else ""
 
 
 def write_results(out: str | Path, stem: str, doc: dict, text: str, quiet: bool = False) -> None:

@@ -136,11 +136,10 @@ def markdown(doc: dict) -> str:
     """The report of :func:`main` as Markdown."""
     o = doc["options"]
     m = doc["machine"]
-    load = m.get("load_average")
     lines = ["# Kernel benchmark (the CPU kernel called directly)", "",
              f"- {m['cpu']}; SIMD path {doc['isa']}; one thread; best of {o['rounds']} calls "
              f"per array; nchwc_block {o['nchwc_block']}; input {o.get('input', 'normal')}"
-             + (f"; load average {load[0]:.1f} before" if load else "")
+             + harness.load_average_phrase(m)
              + f"; arrays on 2 MiB pages: {_huge_pages(doc['results'])}; {m['time']}", "",
              "| config | elements | ours µs | ours el/ns | Neg µs | Neg el/ns | ×Neg |",
              "|---|---:|---:|---:|---:|---:|---:|"]

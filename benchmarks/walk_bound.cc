@@ -32,6 +32,7 @@ extern "C" void walk_bound_negation(const float* x, float* y, int64_t n) {
 
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 #include <vector>
 #ifdef __linux__
 #include <sys/mman.h>
@@ -63,17 +64,18 @@ struct Tensor {
   const float* x;
   float* y;
   int64_t rows, cols, block;
+  V* maxima;  // cols / W vectors for the row walks' running column maxima (allocated once)
 };
 
 // Whole rows, as the row walk: the block's rows in order into running column maxima, then
 // the rows again (Reversed: from the block's last row up, so the rows read last come first).
 template <bool Reversed>
 void rows(const Tensor& t) {
-  std::vector<V> m(static_cast<size_t>(t.cols / W));
+  V* const m = t.maxima;
   for (int64_t b = 0; b < t.rows; b += t.block) {
     const float* p = t.x + b * t.cols;
     float* q = t.y + b * t.cols;
-    for (auto& v : m) v = V{};
+    for (int64_t c = 0; c < t.cols / W; ++c) m[c] = V{};
     for (int64_t j = 0; j < t.block; ++j)
       for (int64_t c = 0; c < t.cols / W; ++c) m[c] = vmax(m[c], magnitude(load(p + j * t.cols + c * W)));
     for (int64_t i = 0; i < t.block; ++i) {
@@ -132,21 +134,24 @@ void columns_kept(const Tensor& t) {
     }
 }
 
-template <bool InRegisters>
-void columns_of_block(const Tensor& t) {
+// walk(std::integral_constant<int, kN>) for the block's rows kN (8, 16 or 32): the column
+// walks take kN at compile time, so their loops over the rows unroll.
+template <class Walk>
+void with_block_rows(const Tensor& t, Walk walk) {
   switch (t.block) {
-    case 8: return columns<8, InRegisters>(t);
-    case 16: return columns<16, InRegisters>(t);
-    default: return columns<32, InRegisters>(t);
+    case 8: return walk(std::integral_constant<int, 8>{});
+    case 16: return walk(std::integral_constant<int, 16>{});
+    default: return walk(std::integral_constant<int, 32>{});
   }
 }
 
+template <bool InRegisters>
+void columns_of_block(const Tensor& t) {
+  with_block_rows(t, [&](auto n) { columns<decltype(n)::value, InRegisters>(t); });
+}
+
 void columns_kept_of_block(const Tensor& t) {
-  switch (t.block) {
-    case 8: return columns_kept<8>(t);
-    case 16: return columns_kept<16>(t);
-    default: return columns_kept<32>(t);
-  }
+  with_block_rows(t, [&](auto n) { columns_kept<decltype(n)::value>(t); });
 }
 
 void negation(const Tensor& t) { walk_bound_negation(t.x, t.y, t.rows * t.cols); }
@@ -208,7 +213,8 @@ int main(int argc, char** argv) {
     state = state * 1664525u + 1013904223u;
     x[i] = i % 97 == 0 ? -0.0f : (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * static_cast<float>(1 + i % 13);
   }
-  const Tensor t{x, y, rows, cols, block};
+  std::vector<V> maxima(static_cast<size_t>(cols / W));
+  const Tensor t{x, y, rows, cols, block, maxima.data()};
   constexpr size_t kWalkCount = sizeof kWalks / sizeof kWalks[0];
   std::vector<std::vector<double>> times(kWalkCount);
   for (const Walk& w : kWalks) w.fn(t);  // warm-up: pages touched, code in the caches

@@ -108,11 +108,6 @@ def run(program: Path, shape: tuple[int, int], block: int, rounds: int) -> dict:
     return doc
 
 
-def _load(machine: dict) -> str:
-    load = machine.get("load_average")
-    return f"{load[0]:.1f}" if load else "unknown"
-
-
 def markdown(doc: dict) -> str:
     """The results as a Markdown table: each walk's best time and ratio to the negation loop."""
     m, o = doc["machine"], doc["options"]
@@ -120,8 +115,7 @@ def markdown(doc: dict) -> str:
     lines = ["# The walk's structure alone (ort-mx-bench --walk-bound)", "",
              f"- {m.get('cpu')}; {lanes} float lanes a vector (-march=native); one thread; "
              f"blocks of {o['block']} rows down the first axis; best of {o['rounds']} calls, "
-             f"walks taking turns; load average {_load(m)} before; "
-             f"{m['time']}",
+             f"walks taking turns{harness.load_average_phrase(m)}; {m['time']}",
              "- ×negation: a negation loop's time (baseline instructions) over the walk's; "
              "every walk's output checked bit for bit", "",
              "| shape | negation µs | "
