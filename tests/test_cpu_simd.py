@@ -102,8 +102,10 @@ def _run(op, x, dtype, attrs, isa):
 # output lies against the input (block_walker.h, column_walk): the input at three offsets
 # into its buffer (the output's place is numpy's), every path against the numpy reference.
 # Rows 2, 4 and 8 KiB apart take the row walk for blocks of 16 and 32 rows (a [48, 2048]
-# tensor of 32-element blocks ends in a 16-row block; MX9's sub-blocks at 2 KiB take the kept
-# columns where the L1 has 12 ways or more: takes_row_walk), the kept columns for BFP16's 8 rows
+# tensor of 32-element blocks ends in a 16-row block; where the L1 has 12 ways or more, MX9's
+# sub-blocks at 2 KiB take the kept columns and, on AVX-512, MXINT8's and MXFP4E2M1's 32 rows
+# exactly 2 KiB apart the plain column pairs: takes_row_walk, columns_at_2k), the kept columns
+# for BFP16's 8 rows
 # (the plain column walk where the L1 has more than 8 ways and the rows fit: l1d_ways);
 # test_outer_row_walk_mixed_segments below takes the tile walks with a non-default rounding.
 @pytest.mark.parametrize("isa", ["scalar"] + ISAS)

@@ -112,24 +112,48 @@ inline int64_t l1d_ways() {
   }();
   return ways;
 }
+// Whether the AVX-512 walker (`lanes` 16) takes the plain column walk (column_walk,
+// ColumnWalk::kColumns: two column vectors at a time, a pair's block maxima down the rows, then
+// its rows again beside the next pair's first pass) for blocks of `bs` rows of `element_bytes`
+// `stride_bytes` apart, in place of the row walk (takes_row_walk): blocks of 32 float32 rows
+// exactly 2 KiB apart ([N, 512] tensors blocked along axis 0) where the L1 has 12 ways or more.
+// Such a block (64 KiB) does not stay in the L1 between the passes whichever way it is walked,
+// and a column pair at a time ran faster than whole rows. Measured on a 2-core Xeon (family 6
+// model 167, 48 KiB 12-way L1, 2 MiB L2), libraries with and without this in one process,
+// one node through onnxruntime, xNeg, medians of 1000 interleaved runs, one thread, two runs:
+// [512, 512] MXINT8 0.75-0.77 -> 0.81-0.82, MXFP8E4M3 0.78-0.79 -> 0.83-0.84, MXFP4E2M1 0.79 ->
+// 0.85-0.86; [256, 512] 0.69-0.78 -> 0.83-0.87; [1024, 512] 0.74-0.81 -> 0.82-0.91; [2048, 512]
+// 0.74-0.80 -> 0.82-0.88. ort-mx-bench at 256 Ki elements ([512, 512]), two threads: MXINT8
+// 0.70-0.75 -> 0.78-0.82, the MXFP formats 0.75-0.76 -> 0.82-0.89. Not at other strides (1, 3,
+// 6 and 10 KiB measured mixed there, the MXFP formats up to 0.13 slower at 10 KiB) nor for the
+// AVX2 walker (the MXFP formats 0.03-0.07 slower at [512, 512] and [1024, 512]); policies
+// without the plain form keep the kept columns (column_walk).
+MXOPS_VINL bool columns_at_2k(int64_t lanes, int64_t bs, int64_t stride_bytes, int64_t element_bytes) {
+  return lanes == 16 && element_bytes == 4 && bs == 32 && stride_bytes == 2048 && l1d_ways() >= 12;
+}
+
 // Whether a block of `bs` rows of `element_bytes` each, `g.inner` apart, takes the row walk
-// (plan_units). Not to_bfp_prime's sub-blocks (MX9, MX6, MX4) in float32 at strides of 2 KiB
-// that are not a multiple of 4 KiB where the L1 has 12 ways or more (48 KiB on Intel's recent
-// cores): they take the column walk with kept rows (column_walk). Measured on the 2-core Xeon
+// (plan_units) in the walker of `lanes` lanes. Not where columns_at_2k; not to_bfp_prime's
+// sub-blocks (MX9, MX6, MX4) in float32 at strides of 2 KiB that are not a multiple of 4 KiB
+// where the L1 has 12 ways or more (48 KiB on Intel's recent cores): they take the column walk
+// with kept rows (column_walk). Measured on the 2-core Xeon
 // (12 ways; the walker called directly, one thread, xNeg, MX9 / MX6 / MX4, two runs each,
 // row walk -> kept columns): AVX-512 [512, 512] 0.63-0.79 -> 0.76-0.80, [1024, 512] 0.75-0.83
 // -> 0.89-0.90, [2048, 512] 0.74-0.83 -> 0.89-0.91, [256, 512] 0.52-0.59 -> 0.57-0.63; AVX2
 // [512, 512] 0.43-0.56 -> 0.58-0.60, [1024, 512] and [2048, 512] 0.67-0.70 -> 0.75-0.78. On
 // Zen 3 (8 ways) the row walk had measured faster there (fc643dd), and the plain form's
-// policies (MXINT8, the MXFP formats) keep it on the Xeon too (kept columns: [512, 512] MXINT8
-// 0.64-0.67 -> 0.52-0.58).
-MXOPS_VINL bool takes_row_walk(const QdqParams& q, const Geometry& g, int64_t bs, int64_t element_bytes) {
+// policies (MXINT8, the MXFP formats) keep it on the Xeon too, but for columns_at_2k (kept
+// columns: [512, 512] MXINT8 0.64-0.67 -> 0.52-0.58 on family 6 model 207).
+MXOPS_VINL bool takes_row_walk(const QdqParams& q, const Geometry& g, int64_t bs, int64_t element_bytes,
+                               int64_t lanes) {
   const int64_t stride = g.inner * element_bytes;
   if (g.lanes != 1 || stride % row_walk_stride_bytes(element_bytes) != 0 || bs < kRowWalkRows) return false;
+  if (columns_at_2k(lanes, bs, stride, element_bytes)) return false;
   return !(q.method == Method::kToBfpPrime && element_bytes == 4 && stride % 4096 != 0 && l1d_ways() >= 12);
 }
 
-MXOPS_VINL UnitPlan plan_units(const QdqParams& q, const Geometry& g, int64_t element_bytes) {
+// The work units of the walker of `lanes` lanes (1, 8 or 16) over g.
+MXOPS_VINL UnitPlan plan_units(const QdqParams& q, const Geometry& g, int64_t element_bytes, int64_t lanes) {
   UnitPlan p;
   const int64_t bs = walk_block_size(q, g);
   if (g.inner == 1) {
@@ -142,7 +166,7 @@ MXOPS_VINL UnitPlan plan_units(const QdqParams& q, const Geometry& g, int64_t el
     // columns would hold a few hundred elements; a unit of whole kTileColumns-column tiles
     // side by side holds about kChunk (lanes_tile walks them in one pass).
     if (g.lanes > 1 && bs < kChunk / kTileColumns) p.tile_columns = kChunk / bs / kTileColumns * kTileColumns;
-    if (takes_row_walk(q, g, bs, element_bytes)) p.tile_columns = kRowColumns;
+    if (takes_row_walk(q, g, bs, element_bytes, lanes)) p.tile_columns = kRowColumns;
     const int64_t tw = p.tile_columns;
     const int64_t tiles = (g.inner + tw - 1) / tw;
     const int64_t blocks = (g.length + bs - 1) / bs;
@@ -880,7 +904,8 @@ struct Walker {
   // BFP16's 8 rows (kept columns: 0.34-0.39 against 0.31), nor at 2 KiB strides ([512, 512]:
   // 0.52 both; kept columns stay), nor with half-tile rows (AVX2 and AVX-512: slower).
   // (Blocks of 16 or 32 rows with the plain form or sub-blocks take row_walk at 2 KiB strides
-  // and more, except sub-blocks at 2 KiB where the L1 has 12 ways: takes_row_walk.)
+  // and more, except sub-blocks at 2 KiB where the L1 has 12 ways, and blocks of 32 float32
+  // rows exactly 2 KiB apart there on AVX-512, which take the plain columns: takes_row_walk.)
   static MXOPS_VINL ColumnWalk column_walk(int64_t n, int64_t inner, const T* x, const T* y) {
     constexpr int64_t kLine = 64, kSets = 64, kWays = 8;
     const int64_t stride = inner * int64_t(sizeof(T));
@@ -897,6 +922,8 @@ struct Walker {
     // AVX-512, one thread, the walker called directly, xNeg kept columns -> columns: [512, 512]
     // 0.45-0.53 -> 0.66-0.71, [1024, 512] 0.53-0.62 -> 0.82-0.87, [256, 512] 0.40 -> 0.52-0.56.
     if (n == 8 && per_set < l1d_ways()) return ColumnWalk::kColumns;
+    // Blocks of 32 float32 rows exactly 2 KiB apart (AVX-512, 12 ways or more): columns_at_2k.
+    if (Pol::kPlain > 0 && columns_at_2k(W, n, stride, int64_t(sizeof(T)))) return ColumnWalk::kColumns;
     if ((n == 8 || n == 16 || n == 32) && (sets >= 2 || n <= 8)) return ColumnWalk::kKeptColumns;
     if (kKeptTiles && sets == 1 && (n == 16 || n == 32)) return ColumnWalk::kKeptTile;
     return ColumnWalk::kTile;

@@ -363,7 +363,8 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
 #if MXOPS_HAVE_SIMD8
   if (isa == Isa::kAvx2 && !simd8::supports(p, g)) isa = Isa::kScalar;
 #endif
-  const UnitPlan plan = plan_units(p, g, element_bytes(t));
+  const int64_t lanes = isa == Isa::kAvx512 ? 16 : isa == Isa::kAvx2 ? 8 : 1;  // (the walker's plan)
+  const UnitPlan plan = plan_units(p, g, element_bytes(t), lanes);
   const int64_t per_task = std::max<int64_t>(1, kBlockElementsPerTask / plan.unit_elements);
   const int64_t tasks = (plan.units + per_task - 1) / per_task;
   const int64_t input_bytes = g.num_elements * element_bytes(t);

@@ -238,7 +238,7 @@ struct VecLanes {
 template <class IO, bool Stream>
 void walks(const QdqParams& p, const void* x, void* y, const Geometry& g, int64_t u0, int64_t u1,
            bool prefetch_rows) {
-  const UnitPlan plan = plan_units(p, g, sizeof(typename IO::T));
+  const UnitPlan plan = plan_units(p, g, sizeof(typename IO::T), VecLanes::W);
   with_walker_for<VecLanes, IO, Stream>(
       p, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); }, prefetch_rows);
 }

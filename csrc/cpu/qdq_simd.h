@@ -18,7 +18,7 @@ namespace mxops::cpu {
   namespace ns {                                                                         \
   /* Whether this walker handles the op on this geometry (else the scalar one does). */  \
   bool supports(const QdqParams& p, const Geometry& g);                                  \
-  /* Work units [u0, u1) of plan_units(p, g, element bytes of t) */                      \
+  /* Work units [u0, u1) of plan_units(p, g, element bytes of t, this width's lanes) */  \
   /* (block_walker.h); */                                                                  \
   /* prefetch_rows: Walker::prefetch_rows. */                                              \
   void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,  \
