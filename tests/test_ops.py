@@ -96,6 +96,26 @@ def test_legacy_names_equal_new_names(op: str, attrs: dict) -> None:
         check(op, dict(attrs), x, elem, legacy=True)
 
 
+# Blocked axis outer with rows 2 and 4 KiB apart (float32), where block_walker.h picks its walk
+# by the stride: the row walk at 4 KiB, at exactly 2 KiB the column pairs for blocks of 32 rows
+# (AVX-512 where the L1 has 12 ways or more: columns_at_2k) and the kept columns for MX9's
+# sub-blocks, else the row walk. Through onnxruntime, so .ci/run's sanitizer job walks them too.
+STRIDE_LAYOUTS = [((96, 512), 0), ((101, 512), 0), ((2, 64, 512), 1), ((40, 1024), 0)]
+
+
+@pytest.mark.parametrize("config", sorted(BLOCK_CONFIGS))
+@pytest.mark.parametrize("layout", STRIDE_LAYOUTS, ids=[f"{s}-ax{a}" for s, a in STRIDE_LAYOUTS])
+def test_outer_rows_2_and_4_kib_apart(config: str, layout) -> None:
+    shape, axis = layout
+    cfg = BLOCK_CONFIGS[config]
+    rng = np.random.default_rng(zlib.crc32(f"{config}{shape}".encode()))
+    wide = sample_tensor(shape, rng)  # scales far apart, ties, zeros, special values
+    narrow = (rng.standard_normal(shape) * 4).astype(np.float32)  # the plain forms, some clamped
+    narrow.reshape(-1)[rng.integers(0, narrow.size, 64)] = -0.0
+    for x in (wide, narrow):
+        check(cfg.op, dict(cfg.attrs, axis=axis), x, "float32", threads=2)
+
+
 def special_blocks() -> np.ndarray:
     """Blocks made only of edge cases: all zeros, ±0 mixes, subnormal-only, float max, Inf/NaN
     with finite neighbours, exact ties for the BFP16 / MXINT8 grids."""
