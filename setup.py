@@ -157,7 +157,7 @@ SIMD_VARIANTS = ([(8, "-mavx2 -mf16c"), (16, "-mavx512f -mavx512bw -mavx512vl -m
                  if platform.machine().lower() in ("x86_64", "amd64") else [])
 # qdq_simd.cc is compiled in this many parts per width (-DMXOPS_SIMD_PART, run_walks there): its
 # walkers take most of the build's time, and the parts compile in parallel.
-SIMD_PARTS = 4
+SIMD_PARTS = 5
 
 
 def _cpu_flags() -> set[str]:

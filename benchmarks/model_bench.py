@@ -377,7 +377,8 @@ def _quantize_all(opts: ModelOptions, workdir: str) -> tuple[dict[str, str], dic
             paths[label] = os.path.join(workdir, f"{config}_nchwc.onnx")
             rep = optimize_nchwc(out, paths[label], opts.shapes or None)
             info[label] = {"runtime_nodes": runtime, "same_as": config, "nchwc_block": rep.block,
-                           "nchwc_rewritten": len(rep.rewritten), "nchwc_kept": len(rep.kept)}
+                           "nchwc_rewritten": len(rep.rewritten), "nchwc_kept": len(rep.kept),
+                           "nchwc_divisions_fused": len(rep.divisions_fused)}
         if opts.neg_floor and config in CONFIGS and CONFIGS[config].op != "BF16":
             for label in [config] + ([f"{config}+nchwc"] if opts.nchwc else []):
                 floor = label + NEG_FLOOR

@@ -133,8 +133,13 @@ _NCHWC_BLOCK = AttrSpec("nchwc_block", "int", 0, 0, MAX_NCHWC_BLOCK)
 # Our extension, with nchwc_block: how many of the input's channels are the tensor's (0: all);
 # onnxruntime pads an NCHWc tensor's channels to a multiple of the block, see resolve_attrs.
 _NCHWC_CHANNELS = AttrSpec("nchwc_channels", "int", 0, 0, None)
-# Attributes that describe a tensor (where its blocks lie), not a number format.
-LAYOUT_ATTRS = ("axis", "nchwc_block", "nchwc_channels")
+# Our extension: each float32 element is divided by this integer (1 .. 2^24, exact in
+# float32) before the op quantizes it, as a Div node before the op would (0: not divided).
+MAX_INPUT_DIVISOR = 1 << 24
+_INPUT_DIVISOR = AttrSpec("input_divisor", "int", 0, 0, MAX_INPUT_DIVISOR)
+# Attributes that describe a node's tensor (where its blocks lie, what it is divided by
+# first), not a number format.
+LAYOUT_ATTRS = ("axis", "nchwc_block", "nchwc_channels", "input_divisor")
 
 _BFP_ATTRS = (
     AttrSpec("bfp_method", "string", "to_bfp", allowed=tuple(BFP_METHODS)),
@@ -150,6 +155,7 @@ _BFP_ATTRS = (
     AttrSpec("use_compiler_version_cpu_kernel", "int", 0, 0, 0),  # not implemented yet
     _NCHWC_BLOCK,
     _NCHWC_CHANNELS,
+    _INPUT_DIVISOR,
 )
 _MX_ATTRS = (
     AttrSpec("element_dtype", "string", "int8", allowed=tuple(MX_ELEMENT_FORMATS)),
@@ -158,6 +164,7 @@ _MX_ATTRS = (
     _ROUNDING,
     _NCHWC_BLOCK,
     _NCHWC_CHANNELS,
+    _INPUT_DIVISOR,
 )
 
 _CANONICAL = [

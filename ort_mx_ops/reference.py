@@ -223,6 +223,21 @@ def _in_nchwc(x: np.ndarray, lanes: int, axis: int, op: str,
     return np.ascontiguousarray(back).reshape(x.shape)
 
 
+def _divided(x: np.ndarray, dtype: str | None, divisor: int, op: str) -> np.ndarray:
+    """``input_divisor = divisor`` (docs/formats.md, "A divisor before the blocks"): each
+    element of float32 ``x`` divided by ``divisor``, correctly rounded, with the NaN an x86
+    division gives (the Div node this attribute replaces runs on one); 0: ``x`` itself."""
+    if not divisor:
+        return x
+    x = np.asarray(x)
+    if _dtype_name(x, dtype) != "float32":
+        raise ValueError(f"{op}: input_divisor ({divisor}) needs a float32 input; allowed for "
+                         f"{_dtype_name(x, dtype)}: 0")
+    d = F32(divisor)
+    with np.errstate(invalid="ignore"):
+        return _with_x86_nan((x / d).astype(F32), x, d)
+
+
 # --------------------------------------------------------------------------------------
 # BFP and microexponents (docs/formats.md, "BFP" and "Microexponents")
 # --------------------------------------------------------------------------------------
@@ -282,7 +297,8 @@ def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
 
     ``attrs`` are the node's attributes (``bfp_method``, ``axis``, ``bit_width``,
     ``block_size``, ``rounding_mode``, ``sub_block_size``, ``sub_block_shift_bits``,
-    ``convert_to_bfloat_before_bfp``, ``nchwc_block``, ``nchwc_channels``); missing ones
+    ``convert_to_bfloat_before_bfp``, ``nchwc_block``, ``nchwc_channels``,
+    ``input_divisor``); missing ones
     take the defaults of ``ort_mx_ops.formats.OPS``, and invalid ones raise ``ValueError`` as
     the native op does."""
     a = resolve_attrs("BFPQuantizeDequantize", attrs)
@@ -299,6 +315,7 @@ def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
                                         rounding_mode)
     prepare = bf16_round if a["convert_to_bfloat_before_bfp"] else (lambda v: v)
     granule = sub_block_size if method == "to_bfp_prime" else 1
+    x = _divided(x, dtype, a["input_divisor"], "BFPQuantizeDequantize")
     return _in_nchwc(x, a["nchwc_block"], axis, "BFPQuantizeDequantize", lambda v: _run_blocked(
         v, dtype, axis, block_size, per_block, prepare, granule), a["nchwc_channels"])
 
@@ -339,12 +356,14 @@ def mx_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
                            **attrs: int | str) -> np.ndarray:
     """``MXQuantizeDequantize`` / ``MXFixNeuron``: OCP microscaling with an E8M0 shared
     scale and the named element type.  ``attrs`` (``element_dtype``, ``axis``,
-    ``block_size``, ``rounding_mode``, ``nchwc_block``, ``nchwc_channels``) default and
+    ``block_size``, ``rounding_mode``, ``nchwc_block``, ``nchwc_channels``,
+    ``input_divisor``) default and
     validate as in
     ``ort_mx_ops.formats.OPS``."""
     a = resolve_attrs("MXQuantizeDequantize", attrs)
     fmt = MX_ELEMENT_FORMATS[a["element_dtype"]]
     axis, block_size, rounding_mode = a["axis"], a["block_size"], a["rounding_mode"]
+    x = _divided(x, dtype, a["input_divisor"], "MXQuantizeDequantize")
     return _in_nchwc(x, a["nchwc_block"], axis, "MXQuantizeDequantize", lambda v: _run_blocked(
         v, dtype, axis, block_size, lambda b: _mx_blocks(b, fmt, rounding_mode)),
         a["nchwc_channels"])

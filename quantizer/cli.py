@@ -399,7 +399,8 @@ def _report(args: argparse.Namespace, summary, report=None) -> int:
         if report is not None:
             print(f"NCHWc block {report.block}: {len(report.rewritten)} nodes inside the "
                   f"blocked layout, layout conversions {report.reorders_before} -> "
-                  f"{report.reorders_after}; {len(report.kept)} kept their conversions")
+                  f"{report.reorders_after}; {len(report.kept)} kept their conversions; "
+                  f"{len(report.divisions_fused)} Div nodes taken into the node after them")
         print(f"wrote {args.output}")
     if args.summary_json:
         try:

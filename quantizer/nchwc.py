@@ -25,6 +25,11 @@ on the blocked data directly loses both conversions:
   ``BF16QuantizeDequantize``) with a per-tensor scale and zero point: elementwise, runs on the
   blocked tensor as it is.
 
+* A BFP / MX node whose input is written by a ``Div`` by a whole-number scalar that nothing
+  else reads takes that Div's input and ``input_divisor`` (docs/formats.md, "A divisor
+  before the blocks"): it divides each element as the Div did, then quantizes, one pass over
+  the tensor where there were two.
+
 Every quantized value is computed from the same block of the same values in the same order,
 so the outputs are bit-identical to the same quantized model run normally (the tests check it).
 The result is hardware-specific (onnxruntime warns the same of any model saved with its layout
@@ -52,7 +57,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ort_mx_ops.formats import BLOCK_OPS, LEGACY_DOMAIN, PRODUCT_DOMAIN, QUARK_DOMAIN
+from ort_mx_ops.formats import (BLOCK_OPS, LEGACY_DOMAIN, MAX_INPUT_DIVISOR, PRODUCT_DOMAIN,
+                                QUARK_DOMAIN)
 
 __all__ = ["NchwcReport", "nchwc_block_size", "optimize_nchwc", "inference_session",
            "session_options", "main", "METADATA_KEY", "parse_shapes"]
@@ -73,6 +79,8 @@ class NchwcReport:
     kept: list[str] = field(default_factory=list)
     reorders_before: int = 0
     reorders_after: int = 0
+    # Div nodes whose division our node after them now does (input_divisor)
+    divisions_fused: list[str] = field(default_factory=list)
 
 
 def _ort():
@@ -284,6 +292,56 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
     return report
 
 
+def _integer_divisor(g: onnx.GraphProto, name: str) -> int:
+    """The divisor a Div by ``name`` stands for as our ``input_divisor``: the integer value
+    (1 .. 2^24, exact in float32) of a rank-0 float32 initializer, else 0."""
+    for t in g.initializer:
+        if t.name == name:
+            if t.data_type != onnx.TensorProto.FLOAT or len(t.dims) != 0:
+                return 0
+            v = float(numpy_helper.to_array(t))
+            return int(v) if v.is_integer() and 1 <= v <= MAX_INPUT_DIVISOR else 0
+    return 0
+
+
+def _fuse_divisions(model: onnx.ModelProto, report: NchwcReport) -> None:
+    """Every BFP / MX node of ours whose input is written by a ``Div`` by a whole-number
+    scalar, read by nothing else, takes the Div's input and the attribute ``input_divisor``
+    (docs/formats.md, "A divisor before the blocks"): the node divides each element as that
+    Div did, correctly rounded, then quantizes, so the outputs keep every bit and the model
+    loses one pass over the tensor (hard-swish's ``x * relu6(x + 3) / 6`` ends in such a Div
+    in models exported from some frameworks)."""
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    readers: dict[str, int] = defaultdict(int)
+    for n in g.node:
+        for i in n.input:
+            readers[i] += 1
+    outputs = {o.name for o in g.output}
+    drop: set[int] = set()
+    for node in g.node:
+        if node.domain not in _OUR_DOMAINS or node.op_type not in BLOCK_OPS:
+            continue
+        div = producer.get(node.input[0])
+        if div is None or div.op_type != "Div" or div.domain not in ("", "ai.onnx"):
+            continue
+        if readers[div.output[0]] != 1 or div.output[0] in outputs:
+            continue
+        if int(_attrs(node).get("input_divisor", 0)):
+            continue
+        divisor = _integer_divisor(g, div.input[1])
+        if not divisor:
+            continue
+        node.input[0] = div.input[0]
+        node.attribute.append(helper.make_attribute("input_divisor", divisor))
+        drop.add(id(div))
+        report.divisions_fused.append(f"{node.op_type} {node.name!r}: Div {div.name!r} by "
+                                      f"{divisor}")
+    kept = [n for n in g.node if id(n) not in drop]
+    del g.node[:]
+    g.node.extend(kept)
+
+
 def _optimized_model(model_path: str, input_shapes: Optional[dict[str, list[int]]]
                      ) -> tuple[onnx.ModelProto, NchwcReport]:
     """``model_path`` optimised by onnxruntime for this CPU and rewritten (in memory), and the
@@ -299,6 +357,7 @@ def _optimized_model(model_path: str, input_shapes: Optional[dict[str, list[int]
     report = _rewrite(model, block) if block else NchwcReport(block=0)
     if not block:
         report.kept.append("onnxruntime does not use the NCHWc layout on this CPU")
+    _fuse_divisions(model, report)
     meta = {p.key: p for p in model.metadata_props}
     value = f"onnxruntime {ort.__version__}; NCHWc block {block}"
     if METADATA_KEY in meta:
@@ -374,7 +433,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     print(f"NCHWc block {r.block}: {len(r.rewritten)} of our nodes moved into the blocked "
           f"layout; layout conversions {r.reorders_before} -> {r.reorders_after}; "
-          f"{len(r.kept)} kept their conversions")
+          f"{len(r.kept)} kept their conversions; {len(r.divisions_fused)} Div nodes taken "
+          "into the node after them")
     for k in r.kept:
         print(f"  kept: {k}")
     return 0

@@ -49,8 +49,9 @@ PROBLEMS = [
     ({"element_dtype": 3}, ["'element_dtype' is int, expected string"]),
     ({"axis": "0"}, ["'axis' is string, expected int"]),
     ({"blocksize": 32}, ["unknown attribute 'blocksize'", "allowed: axis, block_size, "
-                                                           "element_dtype, nchwc_block, "
-                                                           "nchwc_channels, rounding_mode"]),
+                                                           "element_dtype, input_divisor, "
+                                                           "nchwc_block, nchwc_channels, "
+                                                           "rounding_mode"]),
     # One character substituted: beyond what a kernel can find by asking for names.
     ({"block_sise": 32}, ["unknown attribute 'block_sise'"]),
     ({"quark_version": "0.13"}, ["unknown attribute 'quark_version'"]),

@@ -106,6 +106,16 @@ AttrSpec nchwc_channels_attr() {
                   "others are padding of onnxruntime's NCHWc layout)");
 }
 
+// Our extension: the input divided by this integer first (0: not divided). Integers up to 2^24
+// are exact in float32, so the divisor is the float the Div node it replaces divides by.
+constexpr int64_t kMaxInputDivisor = int64_t{1} << 24;
+
+AttrSpec input_divisor_attr() {
+  return int_attr("input_divisor", 0, 0, kMaxInputDivisor,
+                  "0 (the input as it is) or an integer from 1 to 16777216 (2^24) that every "
+                  "element is divided by first");
+}
+
 }  // namespace
 
 const std::vector<AttrSpec>& attributes_of(OpKind kind) {
@@ -123,6 +133,7 @@ const std::vector<AttrSpec>& attributes_of(OpKind kind) {
                "0 (the compiler-version kernel is not implemented yet)"),
       nchwc_block_attr(),
       nchwc_channels_attr(),
+      input_divisor_attr(),
   };
   static const std::vector<AttrSpec> mx = {
       string_attr("element_dtype", "int8", mx_format_names()),
@@ -131,6 +142,7 @@ const std::vector<AttrSpec>& attributes_of(OpKind kind) {
       rounding_mode_attr(),
       nchwc_block_attr(),
       nchwc_channels_attr(),
+      input_divisor_attr(),
   };
   static const std::vector<AttrSpec> linear = {int_attr("axis", 1)};
   switch (kind) {
@@ -264,6 +276,7 @@ QdqParams parse_block_attributes(OpKind kind, const std::string& op, const Attri
   }
   p.nchwc_block = static_cast<int>(nchwc);
   p.nchwc_channels = r.checked_int("nchwc_channels");
+  p.input_divisor = r.checked_int("input_divisor");
   if (p.nchwc_channels > 0 && nchwc == 0)
     fail(op, "nchwc_channels", std::to_string(p.nchwc_channels),
          "0 without nchwc_block (it counts the real channels of an NCHWc input)");

@@ -39,6 +39,11 @@ struct QdqParams {
   // nchwc_channels (our extension, with nchwc_block): the input's real channels (0: all of
   // them); the others are the NCHWc layout's padding (see make_block_geometry).
   int64_t nchwc_channels = 0;
+  // input_divisor (our extension): 0, or d > 0: the op quantizes X / d (each element divided
+  // by the float32 d, correctly rounded, as an ONNX Div node before it computes), so one node
+  // does what a Div by a constant followed by the op does, with the same bits (CPU kernels,
+  // float32 inputs only; docs/formats.md, "A divisor before the blocks").
+  int64_t input_divisor = 0;
 };
 
 // ------------------------------------------------------------------------------------------

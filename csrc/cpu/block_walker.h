@@ -38,6 +38,18 @@
 
 namespace mxops::cpu {
 
+// The element type of a float32 input divided by the op's input_divisor as it is loaded
+// (QdqParams): each lane set's load divides, each quotient correctly rounded as a Div node's,
+// so the walk sees the bits that node would have written; stores are float32's. A tag with no
+// code (named by the SIMD parts' run_walks overloads, so outside the anonymous namespace
+// below). The divisor is a thread-local variable that the walk's caller sets on the thread
+// that runs the walk (set_input_divisor): the walks' static loads have no walker to read it
+// from.
+struct Float32Divided {
+  using T = float;
+};
+inline thread_local float input_divisor_of_thread = 1.0f;
+
 // How the CPU kernels split a tensor into work units; shared by every lane width.
 // Blocked axis innermost: a unit is a chunk of whole blocks of one row, about kChunk
 // elements. Blocked axis outer: a unit is one block (down the axis) of a tile of
@@ -186,6 +198,11 @@ constexpr int log2_exact(int64_t v) {
   return k;
 }
 
+// Sets the divisor of Float32Divided's loads for the walks this thread runs next.
+MXOPS_VINL void set_input_divisor(const QdqParams& p) {
+  input_divisor_of_thread = static_cast<float>(p.input_divisor);
+}
+
 // One element per lane.
 struct ScalarLanes {
   static constexpr int W = 1;
@@ -200,9 +217,15 @@ struct ScalarLanes {
   template <class V>
   static MXOPS_VINL V broadcast_lane(V v, int /*i*/) { return v; }
   template <class IO, bool Exact = false>
-  static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
+  static MXOPS_VINL F load(const typename IO::T* p) {
+    if constexpr (std::is_same_v<IO, Float32Divided>) return *p / input_divisor_of_thread;
+    else return IO::load(*p);
+  }
   template <class IO>
-  static MXOPS_VINL void store(typename IO::T* p, F v) { *p = IO::store(v); }
+  static MXOPS_VINL void store(typename IO::T* p, F v) {
+    if constexpr (std::is_same_v<IO, Float32Divided>) *p = v;
+    else *p = IO::store(v);
+  }
 };
 
 // ------------------------------------------------------------------------------------------
@@ -2080,11 +2103,13 @@ void with_walker_for(const QdqParams& p, const void* x, void* y, const Geometry&
 }
 
 // Calls fn(IO{}, std::bool_constant<Stream>{}) for the element type `t`; `stream` (vector
-// lanes, float32 only): the non-temporal walker's Stream.
+// lanes, float32 only): the non-temporal walker's Stream; `divided` (float32 only, never
+// streamed): Float32Divided, the input divided by input_divisor as it is loaded.
 template <int W, class Fn>
-void with_element_type(DType t, bool stream, Fn&& fn) {
+void with_element_type(DType t, bool stream, Fn&& fn, bool divided = false) {
   switch (t) {
     case DType::kFloat32:
+      if (divided) return fn(Float32Divided{}, std::false_type{});
       if constexpr (W > 1) {
         if (stream) return fn(Float32{}, std::true_type{});
       }
@@ -2100,7 +2125,7 @@ void with_walker(const QdqParams& p, DType t, const void* x, void* y, const Geom
                  bool stream = false, bool prefetch_rows = true) {
   with_element_type<L::W>(t, stream, [&](auto io, auto stream_tag) {
     with_walker_for<L, decltype(io), decltype(stream_tag)::value>(p, x, y, g, fn, prefetch_rows);
-  });
+  }, p.input_divisor != 0);
 }
 
 }  // namespace

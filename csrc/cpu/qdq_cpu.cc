@@ -347,8 +347,17 @@ void quantize_dequantize_padded(const QdqParams& p, DType t, const void* x, void
 void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                          const TaskRunner& run) {
   if (g.num_elements == 0) return;
+  if (p.input_divisor != 0 && t != DType::kFloat32)
+    throw InvalidArgument{"attribute 'input_divisor' = " + std::to_string(p.input_divisor) +
+                          " needs a float32 input; allowed for float16 and bfloat16: 0"};
   if (g.padding.real > 0) return quantize_dequantize_padded(p, t, x, y, g, run);
   if (g.identity) {
+    if (p.input_divisor != 0) {  // X / d, returned unchanged as any one-element tensor
+      float v = *static_cast<const float*>(x) / static_cast<float>(p.input_divisor);
+      if (p.bf16_first) v = bf16_round_bits(v);
+      std::memcpy(y, &v, sizeof v);
+      return;
+    }
     switch (t) {
       case DType::kFloat32: copy_identity<Float32>(x, y, p.bf16_first); break;
       case DType::kFloat16: copy_identity<Float16>(x, y, p.bf16_first); break;
@@ -377,6 +386,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
 #if MXOPS_HAVE_SIMD8
     if (isa == Isa::kAvx2) return simd8::run_units(p, t, x, y, g, u0, u1, prefetch_rows);
 #endif
+    set_input_divisor(p);  // (this file's thread-local copy, on the thread of the walk)
     with_walker<ScalarLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); },
                              false, prefetch_rows);
   });

@@ -191,6 +191,8 @@ struct VecLanes {
   static MXOPS_VINL F load(const typename IO::T* p) {
     if constexpr (std::is_same_v<IO, Float32>) {
       return load_vec<F>(p);
+    } else if constexpr (std::is_same_v<IO, Float32Divided>) {
+      return load_vec<F>(p) / input_divisor_of_thread;  // (vdivps: correctly rounded, as divss)
     } else if constexpr (std::is_same_v<IO, BFloat16>) {
       return BFloat16::load_bits(widen(p));
     } else if constexpr (Exact) {
@@ -209,7 +211,7 @@ struct VecLanes {
 
   template <class IO>
   static MXOPS_VINL void store(typename IO::T* p, F f) {
-    if constexpr (std::is_same_v<IO, Float32>) {
+    if constexpr (std::is_same_v<IO, Float32> || std::is_same_v<IO, Float32Divided>) {
       store_vec(p, f);
     } else if constexpr (std::is_same_v<IO, BFloat16>) {
       narrow(p, BFloat16::store_bits(f));
@@ -246,9 +248,10 @@ void walks(const QdqParams& p, const void* x, void* y, const Geometry& g, int64_
 }  // namespace
 
 // The walkers take most of the build's time, so setup.py compiles this source once per part,
-// -DMXOPS_SIMD_PART=0..3, and the parts compile in parallel. Each part defines one overload of
+// -DMXOPS_SIMD_PART=0..4, and the parts compile in parallel. Each part defines one overload of
 // run_walks (walks<IO, Stream>): 0 float32, 1 float32 with non-temporal stores, 2 float16,
-// 3 bfloat16; part 0 also the entry points of qdq_simd.h, which call all four.
+// 3 bfloat16, 4 float32 divided by input_divisor as it is loaded; part 0 also the entry
+// points of qdq_simd.h, which call all five.
 #define MXOPS_WALK_PARAMS                                                                 \
   const QdqParams& p, const void* x, void* y, const Geometry& g, int64_t u0, int64_t u1, \
       bool prefetch_rows
@@ -257,6 +260,7 @@ void run_walks(Float32, std::false_type, MXOPS_WALK_PARAMS);
 void run_walks(Float32, std::true_type, MXOPS_WALK_PARAMS);
 void run_walks(Float16, std::false_type, MXOPS_WALK_PARAMS);
 void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS);
+void run_walks(Float32Divided, std::false_type, MXOPS_WALK_PARAMS);
 
 #if MXOPS_SIMD_PART == 0
 void run_walks(Float32, std::false_type, MXOPS_WALK_PARAMS) {
@@ -274,8 +278,13 @@ void run_walks(Float16, std::false_type, MXOPS_WALK_PARAMS) {
 void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS) {
   walks<BFloat16, false>(MXOPS_WALK_ARGS);
 }
+#elif MXOPS_SIMD_PART == 4
+void run_walks(Float32Divided, std::false_type, MXOPS_WALK_PARAMS) {
+  set_input_divisor(p);  // (this part's own thread-local copy: block_walker.h)
+  walks<Float32Divided, false>(MXOPS_WALK_ARGS);
+}
 #else
-#error "compile with -DMXOPS_SIMD_PART=0, 1, 2 or 3"
+#error "compile with -DMXOPS_SIMD_PART=0, 1, 2, 3 or 4"
 #endif
 
 #if MXOPS_SIMD_PART == 0
@@ -283,10 +292,11 @@ bool supports(const QdqParams& p, const Geometry& g) { return vector_walk_suppor
 
 void run_units(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
                int64_t u0, int64_t u1, bool prefetch_rows) {
-  const bool stream = stream_supported<W>(t, y, g);
+  const bool divided = p.input_divisor != 0;
+  const bool stream = !divided && stream_supported<W>(t, y, g);
   with_element_type<W>(t, stream, [&](auto io, auto stream_tag) {
     run_walks(io, stream_tag, MXOPS_WALK_ARGS);
-  });
+  }, divided);
   // Non-temporal stores are weakly ordered: make them visible before the task reports done.
   if (stream) _mm_sfence();
 }

@@ -19,6 +19,7 @@ struct CpuBackend {
   static const char* provider() { return "CPUExecutionProvider"; }
   static constexpr bool kDecodeOnce = true;  // packed_ops.h
   static constexpr bool kNchwc = true;       // BFP / MX nodes with nchwc_block (block_walker.h)
+  static constexpr bool kInputDivisor = true;  // BFP / MX nodes with input_divisor (block_walker.h)
   // BFP / MX and BF16QuantizeDequantize nodes may write their output into their input's
   // buffer where onnxruntime offers it (kernels.h, may_run_in_place).
   static constexpr bool kInPlace = true;

@@ -13,6 +13,7 @@ struct GpuBackend {
   static const char* provider() { return gpu::execution_provider(); }
   static constexpr bool kDecodeOnce = false;  // packed_ops.h: decode on every run
   static constexpr bool kNchwc = false;       // the NCHWc layout is onnxruntime's CPU provider's
+  static constexpr bool kInputDivisor = false;  // the GPU kernels do not divide first
   static constexpr bool kInPlace = false;     // the GPU kernels are not checked in place
 
   // Exception indices outside the tensor are skipped on the device (they live there).

@@ -4,6 +4,7 @@
 //
 //   static const char* provider();                  // ORT's execution provider name
 //   static constexpr bool kNchwc;                   // reads the nchwc_block layout
+//   static constexpr bool kInputDivisor;            // divides by input_divisor first
 //   static constexpr bool kInPlace;                 // output 0 may reuse input 0's buffer
 //   static void quantize_dequantize(OrtKernelContext*, const std::string& label,
 //                                   const QdqParams&, DType, const void* x, void* y,
@@ -106,6 +107,10 @@ struct BlockKernel {
       Ort::ConstValue input = ctx.GetInput(0);
       const auto info = input.GetTensorTypeAndShapeInfo();
       const DType t = dtype_of(info.GetElementType(), label);
+      if (params.input_divisor != 0 && t != DType::kFloat32)
+        throw InvalidArgument{label + ": attribute 'input_divisor' = " +
+                              std::to_string(params.input_divisor) +
+                              " needs a float32 input; allowed for float16 and bfloat16: 0"};
       const std::vector<int64_t> shape = info.GetShape();
       const Geometry g = make_block_geometry(label, shape, params);
       Ort::UnownedValue output = ctx.GetOutput(0, shape);
@@ -137,6 +142,11 @@ struct BlockOp : Ort::CustomOpBase<BlockOp<Backend>, BlockKernel<Backend>, true>
                               " is supported on CPUExecutionProvider only (onnxruntime's NCHWc "
                               "layout exists only there); allowed on " + Backend::provider() +
                               ": 0"};
+      if (params.input_divisor != 0 && !Backend::kInputDivisor)
+        throw InvalidArgument{label + ": attribute 'input_divisor' = " +
+                              std::to_string(params.input_divisor) +
+                              " is supported on CPUExecutionProvider only; allowed on " +
+                              Backend::provider() + ": 0"};
       *kernel = new BlockKernel<Backend>{label, params};
     });
   }
