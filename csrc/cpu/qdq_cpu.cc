@@ -386,7 +386,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
 #if MXOPS_HAVE_SIMD8
     if (isa == Isa::kAvx2) return simd8::run_units(p, t, x, y, g, u0, u1, prefetch_rows);
 #endif
-    set_input_divisor(p);  // (this file's thread-local copy, on the thread of the walk)
+    set_input_divisor(p);  // (on the thread of the walk: block_walker.h)
     with_walker<ScalarLanes>(p, t, x, y, g, [&](const auto& walker) { walker.run(plan, u0, u1); },
                              false, prefetch_rows);
   });

@@ -280,7 +280,7 @@ void run_walks(BFloat16, std::false_type, MXOPS_WALK_PARAMS) {
 }
 #elif MXOPS_SIMD_PART == 4
 void run_walks(Float32Divided, std::false_type, MXOPS_WALK_PARAMS) {
-  set_input_divisor(p);  // (this part's own thread-local copy: block_walker.h)
+  set_input_divisor(p);  // (on the thread of the walk: block_walker.h)
   walks<Float32Divided, false>(MXOPS_WALK_ARGS);
 }
 #else
