@@ -177,15 +177,21 @@ def _fix_inputs(model: onnx.ModelProto, input_shapes: dict[str, list[int]]) -> N
             d.dim_value = int(v)
 
 
-def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
-    g = model.graph
-    report = NchwcReport(block=block)
+def _graph_index(g: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto],
+                                               dict[str, list[onnx.NodeProto]], set[str]]:
+    """(the node writing each tensor, the nodes reading each tensor, the graph's outputs)."""
     producer = {o: n for n in g.node for o in n.output}
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for n in g.node:
         for i in n.input:
             consumers[i].append(n)
-    outputs = {o.name for o in g.output}
+    return producer, consumers, {o.name for o in g.output}
+
+
+def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
+    g = model.graph
+    report = NchwcReport(block=block)
+    producer, consumers, outputs = _graph_index(g)
     report.reorders_before = sum(n.op_type in ("ReorderInput", "ReorderOutput")
                                  and n.domain == _NCHWC_DOMAIN for n in g.node)
     replace: dict[int, list[onnx.NodeProto]] = {}
@@ -312,12 +318,7 @@ def _fuse_divisions(model: onnx.ModelProto, report: NchwcReport) -> None:
     loses one pass over the tensor (hard-swish's ``x * relu6(x + 3) / 6`` ends in such a Div
     in models exported from some frameworks)."""
     g = model.graph
-    producer = {o: n for n in g.node for o in n.output}
-    readers: dict[str, int] = defaultdict(int)
-    for n in g.node:
-        for i in n.input:
-            readers[i] += 1
-    outputs = {o.name for o in g.output}
+    producer, consumers, outputs = _graph_index(g)
     drop: set[int] = set()
     for node in g.node:
         if node.domain not in _OUR_DOMAINS or node.op_type not in BLOCK_OPS:
@@ -325,7 +326,7 @@ def _fuse_divisions(model: onnx.ModelProto, report: NchwcReport) -> None:
         div = producer.get(node.input[0])
         if div is None or div.op_type != "Div" or div.domain not in ("", "ai.onnx"):
             continue
-        if readers[div.output[0]] != 1 or div.output[0] in outputs:
+        if len(consumers[div.output[0]]) != 1 or div.output[0] in outputs:
             continue
         if int(_attrs(node).get("input_divisor", 0)):
             continue
