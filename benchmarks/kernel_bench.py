@@ -13,6 +13,7 @@ blocked along the channels, as there.
     ort-mx-bench --kernel --shapes 256x16x16,64x56x56*2 --nchwc
     ort-mx-bench --kernel --nchwc --input hardswish         # inputs with -0, as after Hardswish
     MXOPS_CPU_ISA=avx2 ort-mx-bench --kernel                # another SIMD path
+    ort-mx-bench --kernel --nchwc --input-divisor 6         # each element divided by 6 first
 
 The negation loop is compiled for the baseline instruction set, as onnxruntime's ``Neg`` is;
 ``x Neg`` is its time over ours (higher is faster). Per array the best of ``--rounds`` calls
@@ -29,6 +30,7 @@ import sys
 import numpy as np
 
 from ort_mx_ops.benchmarks import graphs, harness
+from ort_mx_ops.formats import MAX_INPUT_DIVISOR
 
 __all__ = ["CLASSIFIER_SHAPES", "INPUTS", "activation", "parse_shapes", "run", "main"]
 
@@ -84,10 +86,11 @@ def block_configs() -> list[str]:
 
 def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
         nchwc_block: int = 0, rounds: int = 200, seed: int = 0,
-        input_kind: str = "normal") -> list[dict]:
+        input_kind: str = "normal", input_divisor: int = 0) -> list[dict]:
     """Time each configuration on ``shapes`` ([1, C, H, W] float32 tensors of the input
     ``input_kind`` (see :func:`activation`), blocked along C; with ``nchwc_block`` the channels are rounded up to a multiple of it and
-    the kernel reads the NCHWc memory order). Returns one row per configuration: totals and
+    the kernel reads the NCHWc memory order; with ``input_divisor`` the op's attribute of that
+    name, each element divided by it as the kernel loads it). Returns one row per configuration: totals and
     per-shape seconds (best calls) of the kernel and of the negation loop, and the fraction
     of the arrays' copies that Linux put on 2 MiB pages (where all of it, the arrays take
     the same cache sets in every run)."""
@@ -107,6 +110,8 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
         attrs = dict(spec.attrs, axis=1)
         if nchwc_block:
             attrs["nchwc_block"] = nchwc_block
+        if input_divisor:
+            attrs["input_divisor"] = input_divisor
         kernel, neg, huge = _native.time_block_op(spec.op, [t for _, _, t in tensors], attrs,
                                                   rounds)
         per_shape = [{"shape": list(shape), "count": count, "kernel_s": k, "neg_s": n,
@@ -139,6 +144,7 @@ def markdown(doc: dict) -> str:
     lines = ["# Kernel benchmark (the CPU kernel called directly)", "",
              f"- {m['cpu']}; SIMD path {doc['isa']}; one thread; best of {o['rounds']} calls "
              f"per array; nchwc_block {o['nchwc_block']}; input {o.get('input', 'normal')}"
+             + (f" divided by {o['input_divisor']}" if o.get("input_divisor") else "")
              + harness.load_average_phrase(m)
              + f"; arrays on 2 MiB pages: {_huge_pages(doc['results'])}; {m['time']}", "",
              "| config | elements | ours µs | ours el/ns | Neg µs | Neg el/ns | ×Neg |",
@@ -175,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", choices=INPUTS, default="normal",
                    help="the arrays' values: standard normal, or Hardswish of three times "
                         "those (a sixth -0, as a CNN's activations after Hardswish)")
+    p.add_argument("--input-divisor", type=int, default=0, metavar="D",
+                   help="the op's input_divisor attribute: each element divided by D as the "
+                        "kernel loads it (as a Div by D before the node; default: none)")
     p.add_argument("--per-shape", action="store_true", help="also a table per shape")
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--quiet", action="store_true")
@@ -191,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown or non-block config {c!r}; known: {', '.join(known)}")
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
+    if not 0 <= args.input_divisor <= MAX_INPUT_DIVISOR:
+        raise SystemExit(f"--input-divisor must be 1 ... {MAX_INPUT_DIVISOR} (0: none)")
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else list(CLASSIFIER_SHAPES)
     except ValueError as e:
@@ -202,10 +213,12 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--nchwc: onnxruntime uses no NCHWc layout on this CPU")
     from ort_mx_ops import _native
 
-    results = run(configs, shapes, block, args.rounds, input_kind=args.input)
+    results = run(configs, shapes, block, args.rounds, input_kind=args.input,
+                  input_divisor=args.input_divisor)
     doc = {"machine": harness.machine_info(), "isa": _native.cpu_isa(),
            "options": {"configs": configs, "shapes": [[list(s), n] for s, n in shapes],
                        "nchwc_block": block, "rounds": args.rounds, "input": args.input,
+                       "input_divisor": args.input_divisor,
                        "per_shape": args.per_shape},
            "results": results}
     text = markdown(doc)

@@ -112,6 +112,52 @@ def test_nchwc_view_with_a_divisor(config, isa):
             assert_bits_equal(nat(x, **attrs), ref(x, **attrs), f"{config} {isa} L={lanes}")
 
 
+def _activations(shape: tuple[int, ...], rng: np.random.Generator, specials: bool) -> np.ndarray:
+    """Hard-swish outputs times 6 (the Div's input in a CNN: finite, a sixth of them -0, so
+    the walks' fast and plain forms run), their scale varying by block; `specials`: a NaN, an
+    Inf and a subnormal here and there too, so the forms' fallbacks run."""
+    x = np.float32(3) * rng.standard_normal(shape).astype(np.float32)
+    x = x * np.clip(x + np.float32(3), 0, 6) * np.float32(2.0) ** rng.integers(-8, 8, shape)
+    if specials:
+        flat = x.reshape(-1)
+        flat[::997] = np.nan
+        flat[5::1499] = -np.inf
+        flat[7::211] = np.float32(3e-39)
+    return x.astype(np.float32)
+
+
+# (shape, axis, nchwc_block): the walks that read a block twice, which keep the quotients of
+# their first pass for the second: W blocks at a time along rows (blocked axis innermost,
+# rows of 512 elements and more), column pairs and kept columns down the rows (blocked axis
+# outer; rows 9216, 576 and 3136 bytes apart), and W pixels at a time in the NCHWc view; and
+# the row walk (rows 2 KiB apart), which divides at both passes.
+WALK_CASES = [((4, 1536), -1, 0), ((1, 96, 24, 96), 1, 0), ((1, 40, 12, 12), 1, 0),
+              ((1, 64, 28, 28), 1, 0), ((1, 64, 6, 40), 1, 8), ((1, 64, 6, 40), 1, 16),
+              ((1, 48, 5, 19), 1, 16), ((1, 64, 8, 64), 1, 0)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_walks_that_keep_the_quotients(config, isa):
+    """Every block configuration on the walks of WALK_CASES, finite activations and ones with
+    specials: the same bits as the node on the input divided beforehand (numpy's float32
+    division, correctly rounded as onnxruntime's Div) and as the reference."""
+    spec = formats.FormatSpec.from_name(config)
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(abs(hash((config, isa, "walks"))) % 2**32)
+    with cpu_path(isa):
+        for shape, axis, lanes in WALK_CASES:
+            for specials in (False, True):
+                x = _activations(shape, rng, specials)
+                attrs = dict(spec.node_attrs(axis))
+                if lanes:
+                    attrs["nchwc_block"] = lanes
+                context = f"{config} {isa} {shape} axis {axis} L={lanes} specials={specials}"
+                got = nat(x, input_divisor=6, **attrs)
+                assert_bits_equal(got, nat(x / np.float32(6), **attrs), context)
+                assert_bits_equal(got, ref(x, input_divisor=6, **attrs), context + " (reference)")
+
+
 def test_errors():
     op, attrs = _node_attrs("MXINT8", 1)
     for bad in (-1, formats.MAX_INPUT_DIVISOR + 1):

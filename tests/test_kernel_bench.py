@@ -95,11 +95,31 @@ def test_cli_writes_json_and_markdown(tmp_path):
     assert "| [1, 32, 2, 16] | 2 |" in md
 
 
+def test_cli_input_divisor_reaches_the_kernel(tmp_path, monkeypatch):
+    """--input-divisor sets the op's attribute on every timed call, and the report says so."""
+    seen = []
+    real = _native.time_block_op
+
+    def spy(op, xs, attrs, rounds):
+        seen.append(attrs.get("input_divisor"))
+        return real(op, xs, attrs, rounds)
+
+    monkeypatch.setattr(_native, "time_block_op", spy)
+    rc = cli.main(["--kernel", "--configs", "MXINT8,BFP16", "--shapes", "32x2x16", "--rounds", "2",
+                   "--input-divisor", "6", "--out", str(tmp_path), "--quiet"])
+    assert rc == 0 and seen == [6, 6]
+    doc = json.loads((tmp_path / "kernel_results.json").read_text())
+    assert doc["options"]["input_divisor"] == 6
+    assert "divided by 6" in (tmp_path / "kernel_results.md").read_text()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--configs", "BF16"], "non-block config"),
     (["--configs", "MX5"], "unknown"),
     (["--shapes", "8x8"], "--shapes"),
     (["--rounds", "0"], "--rounds"),
+    (["--input-divisor", "-1"], "--input-divisor"),
+    (["--input-divisor", str(2**24 + 1)], "--input-divisor"),
 ])
 def test_cli_refuses(tmp_path, args, message):
     with pytest.raises(SystemExit, match=message):

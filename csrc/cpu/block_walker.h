@@ -458,6 +458,27 @@ struct Walker {
     else L::template store<IO>(p, v);
   }
 
+  // Float32Divided: the walks that read a block twice (its maximum, then its results) and
+  // whose block size is fixed at compile time keep the first pass's quotients in a local
+  // array, and the second pass reads them there, so each element is divided once (a vector
+  // division costs several times a load from the L1). For the other element types the array
+  // has one unused element and the second pass loads again, as before. Quotients<N>: such an
+  // array for N vectors; keep_quotient / quotient_or_load: the first pass's store of vector
+  // i, the second pass's read of it (p: its address in the input). The column walks keep
+  // the rows (column_walk: kKeptColumns), which are the quotients too.
+  static constexpr bool kKeepQuotients = std::is_same_v<IO, Float32Divided>;
+  template <int64_t N>
+  using Quotients = F[kKeepQuotients && N > 0 ? N : 1];
+  static MXOPS_VINL void keep_quotient([[maybe_unused]] F* kept, [[maybe_unused]] int64_t i,
+                                       [[maybe_unused]] F v) {
+    if constexpr (kKeepQuotients) kept[i] = v;
+  }
+  static MXOPS_VINL F quotient_or_load([[maybe_unused]] const F* kept, [[maybe_unused]] int64_t i,
+                                       [[maybe_unused]] const T* p) {
+    if constexpr (kKeepQuotients) return kept[i];
+    else return load(p);
+  }
+
   MXOPS_VINL void prefetch(const T* p, T* q) const {
     if (!prefetch_rows) return;
     __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, 0, 3);
@@ -492,16 +513,20 @@ struct Walker {
   // not apply to all W either.)
   MXOPS_VINL void blocks_of_vectors(const Pol& pol, const T* p, T* q) const {
     K keys[W];
+    Quotients<W> kept;
 #pragma GCC unroll 16
     for (int i = 0; i < W; ++i) {
       if ((i * W * sizeof(T)) % 64 == 0) prefetch(p + i * W, q + i * W);  // once per cache line
-      keys[i] = pol.key(load(p + i * W));
+      const F xv = load(p + i * W);
+      keep_quotient(kept, i, xv);
+      keys[i] = pol.key(xv);
     }
     const I s = pol.exponent(L::transpose_max(keys));
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     auto each = [&](const auto& prm, auto apply) {
 #pragma GCC unroll 16
-      for (int i = 0; i < W; ++i) store(q + i * W, apply(load(p + i * W), broadcast_lane(prm, i)));
+      for (int i = 0; i < W; ++i)
+        store(q + i * W, apply(quotient_or_load(kept, i, p + i * W), broadcast_lane(prm, i)));
     };
     if (pol.fast(s))
       each(pol.fast_params(s, s), [&](F v, const auto& pi) { return pol.apply_fast(v, pi); });
@@ -532,6 +557,7 @@ struct Walker {
     constexpr int kPer = kHalves ? 1 : kNv;       // vectors a group
     I a[kGroups];
     I bmin{};
+    Quotients<kGroups * kPer> kept;
 #pragma GCC unroll 16
     for (int b = 0; b < kGroups; ++b) {
       I m{};
@@ -540,6 +566,7 @@ struct Walker {
         const int64_t off = (b * kPer + i) * W;
         if ((off * int64_t(sizeof(T))) % 64 == 0) prefetch(p + off, q + off);  // once per line
         const F xv = load(p + off);
+        keep_quotient(kept, b * kPer + i, xv);
         m = i == 0 ? magnitude_bits(xv) : imax(m, magnitude_bits(xv));
         if constexpr (Pol::kPlain > 1) bmin = off == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
       }
@@ -563,7 +590,7 @@ struct Walker {
 #pragma GCC unroll 4
         for (int i = 0; i < kPer; ++i) {
           const int64_t off = (b * kPer + i) * W;
-          store(q + off, apply(load(p + off), pb));
+          store(q + off, apply(quotient_or_load(kept, b * kPer + i, p + off), pb));
         }
       }
     };
@@ -586,6 +613,7 @@ struct Walker {
   template <int kNv>
   MXOPS_VINL bool blocks_sub(const Pol& pol, const T* p, T* q) const {
     K a[W];
+    Quotients<W * kNv> kept;
 #pragma GCC unroll 16
     for (int b = 0; b < W; ++b) {
       K m{};
@@ -593,7 +621,9 @@ struct Walker {
       for (int i = 0; i < kNv; ++i) {
         const int64_t off = (b * kNv + i) * W;
         if ((off * int64_t(sizeof(T))) % 64 == 0) prefetch(p + off, q + off);  // once per line
-        const K k = pol.key(load(p + off));
+        const F xv = load(p + off);
+        keep_quotient(kept, b * kNv + i, xv);
+        const K k = pol.key(xv);
         m = i == 0 ? k : imax(m, k);
       }
       a[b] = m;
@@ -607,7 +637,7 @@ struct Walker {
 #pragma GCC unroll 4
       for (int i = 0; i < kNv; ++i) {
         const int64_t off = (b * kNv + i) * W;
-        const F v = load(p + off);
+        const F v = quotient_or_load(kept, b * kNv + i, p + off);
         const I sm = pol.exponent(L::group_max(pol.key(v), 1));  // sub-blocks of two lanes
         store(q + off, pol.apply_normal(v, pol.fast_params(sb, sm)));
       }
@@ -931,6 +961,9 @@ struct Walker {
   // rows exactly 2 KiB apart there on AVX-512, which take the plain columns: takes_row_walk.)
   static MXOPS_VINL ColumnWalk column_walk(int64_t n, int64_t inner, const T* x, const T* y) {
     constexpr int64_t kLine = 64, kSets = 64, kWays = 8;
+    // Divided inputs: the kept rows' second pass reads quotients (kKeepQuotients).
+    if constexpr (kKeepQuotients)
+      if (n == 8 || n == 16 || n == 32) return ColumnWalk::kKeptColumns;
     const int64_t stride = inner * int64_t(sizeof(T));
     if (stride % kLine != 0) return ColumnWalk::kColumns;  // rows at varying offsets: spread out
     const int64_t lines = stride / kLine;
@@ -1633,11 +1666,14 @@ struct Walker {
     const int cnt = kCnt > 0 ? kCnt : cnt_rt;
     K kk{}, kmin{};
     I bmin{};
+    // (n fixed at compile time: the quotients kept, pixel i's row j in kept[i * kN + j])
+    constexpr bool kKeep = kKeepQuotients && kN > 0;
+    Quotients<kN * W> kept;
 #pragma GCC unroll 16
     for (int i = 0; i < cnt; ++i) {
       K k, km;
       I bm;
-      column_keys<1>(pol, px + i * W, n, inner, &k, &km, &bm);
+      column_keys<1, kKeep>(pol, px + i * W, n, inner, &k, &km, &bm, kKeep ? kept + i * kN : nullptr);
       if constexpr (kPlain > 0) kmin = i == 0 ? km : imin(kmin, km);
       if constexpr (kPlain > 1) bmin = i == 0 ? bm : imin(bmin, bm);
       k = L::group_max(k, log2_exact(W));
@@ -1647,23 +1683,24 @@ struct Walker {
     const I s = pol.exponent(kk);
     if (!pol.fast(s)) {
       pixel_rows<kN, kCnt>(px, py, n, inner, cnt, pol.params(s, s),
-                           [&](F xv, const auto& pi) { return pol.apply(xv, pi); });
+                           [&](F xv, const auto& pi) { return pol.apply(xv, pi); }, kept);
       return;
     }
     const auto prm = pol.fast_params(s, s);
     bool plain = false;  // (no maxima of magnitudes here: the clamp stays)
     if constexpr (kPlain > 0) plain = pol.plain_any(kmin, bmin);
     in_form(pol, finite_form(false, plain, false), [&](auto apply) MXOPS_LAMBDA_INL {
-      pixel_rows<kN, kCnt>(px, py, n, inner, cnt, prm, apply);
+      pixel_rows<kN, kCnt>(px, py, n, inner, cnt, prm, apply, kept);
     });
   }
 
   // The rows of cnt pixels from px (pixel i's W channels at px + i * W, its n rows `inner`
   // apart), each element through apply(x, pixel i's parameters: lane i of prm in every lane).
-  // kN > 0: n and kCnt > 0: cnt fixed at compile time.
+  // kN > 0: n and kCnt > 0: cnt fixed at compile time, and (kKeepQuotients) pixel i's row j
+  // read from kept[i * kN + j].
   template <int64_t kN, int kCnt, class P, class Apply>
   MXOPS_VINL void pixel_rows(const T* px, T* py, int64_t n_rows, int64_t inner, int cnt_rt,
-                             const P& prm, Apply apply) const {
+                             const P& prm, Apply apply, [[maybe_unused]] const F* kept) const {
     const int cnt = kCnt > 0 ? kCnt : cnt_rt;
     if constexpr (kN > 0) {
       const T* xr[kN];
@@ -1674,7 +1711,8 @@ struct Walker {
       for (int i = 0; i < cnt; ++i) {
         const P pi = broadcast_lane(prm, i);
 #pragma GCC unroll 4
-        for (int64_t j = 0; j < kN; ++j) store(yr[j] + i * W, apply(load(xr[j] + i * W), pi));
+        for (int64_t j = 0; j < kN; ++j)
+          store(yr[j] + i * W, apply(quotient_or_load(kept, i * kN + j, xr[j] + i * W), pi));
       }
     } else {
 #pragma GCC unroll 16
@@ -1716,10 +1754,12 @@ struct Walker {
     constexpr int kPlain = Pol::kPlain;
     I a[W];
     I bmin = splat<I>(INT32_MAX);
+    Quotients<kN * W> kept;  // (pixel i's row j in kept[i * kN + j])
 #pragma GCC unroll 16
     for (int i = 0; i < W; ++i) {
       I bm;
-      column_magnitudes<1>(px + i * W, kN, inner, &a[i], &bm);
+      column_magnitudes<1, kKeepQuotients>(px + i * W, kN, inner, &a[i], &bm, 1,
+                                           kKeepQuotients ? kept + i * kN : nullptr);
       if constexpr (kPlain > 1) bmin = imin(bmin, bm);
     }
     const I amax = L::transpose_max(a);  // lane i: pixel i's greatest magnitude
@@ -1729,7 +1769,7 @@ struct Walker {
     const auto prm = pol.fast_params(s, s);
     // the least bit pattern over every lane, in every lane (~ reverses the order: no overflow)
     if constexpr (kPlain > 1) bmin = ~L::group_max(~bmin, log2_exact(W));
-    auto rows = [&](auto apply) { pixel_rows<kN, W>(px, py, kN, inner, W, prm, apply); };
+    auto rows = [&](auto apply) { pixel_rows<kN, W>(px, py, kN, inner, W, prm, apply, kept); };
     // Where not plain, a -0 or a negative tiny x among the W pixels (Hardswish gives -0 below
     // -3): the plain form with the sign fix-up, without apply_fast's Inf / NaN test.
     in_form(pol, finite_form(true, pol.plain_finite(prm, bmin), pol.unclamped(prm, amax)), rows);
@@ -1791,12 +1831,12 @@ struct Walker {
     const int block_steps = kBlockSteps >= 0 ? kBlockSteps : log2_exact(lanes);
     const int sub_steps = kSubSteps >= 0 ? kSubSteps : log2_exact(sub);
     // The n rows of a column vector with block maxima s (one block per lane group), row j's
-    // vector at x_at(j), its result to y_at(j).
+    // vector x_at(j) (its value), its result to y_at(j).
     auto rows = [&](auto fast_tag, auto normal_tag, I s, auto x_at, auto y_at) {
       constexpr bool kFast = decltype(fast_tag)::value, kNormal = decltype(normal_tag)::value;
 #pragma GCC unroll 4
       for (int64_t j = 0; j < n; ++j) {
-        const F xv = load(x_at(j));
+        const F xv = x_at(j);
         const I sm = pol.exponent(L::group_max(pol.key(xv), sub_steps));
         if constexpr (kNormal) store(y_at(j), pol.apply_normal(xv, pol.fast_params(s, sm)));
         else if constexpr (kFast) store(y_at(j), pol.apply_fast(xv, pol.fast_params(s, sm)));
@@ -1815,18 +1855,22 @@ struct Walker {
         T* yr[kN];
         row_pointers<kN>(xr, px + v0 * W, inner);
         row_pointers<kN>(yr, py + v0 * W, inner);
-#pragma GCC unroll 16
-        for (int i = 0; i < W; ++i) k[i] = pol.key(load(xr[0] + i * W));
+        Quotients<kN * W> kept;  // (pixel i's row j in kept[i * kN + j])
 #pragma GCC unroll 4
-        for (int64_t j = 1; j < kN; ++j)
+        for (int64_t j = 0; j < kN; ++j)
 #pragma GCC unroll 16
-          for (int i = 0; i < W; ++i) k[i] = imax(k[i], pol.key(load(xr[j] + i * W)));
+          for (int i = 0; i < W; ++i) {
+            const F xv = load(xr[j] + i * W);
+            keep_quotient(kept, i * kN + j, xv);
+            k[i] = j == 0 ? pol.key(xv) : imax(k[i], pol.key(xv));
+          }
         const I s = pol.exponent(L::transpose_max(k));
         auto each = [&](auto fast_tag, auto normal_tag) {
 #pragma GCC unroll 16
           for (int i = 0; i < W; ++i)
             rows(fast_tag, normal_tag, L::broadcast_lane(s, i),
-                 [&](int64_t j) { return xr[j] + i * W; }, [&](int64_t j) { return yr[j] + i * W; });
+                 [&](int64_t j) { return quotient_or_load(kept, i * kN + j, xr[j] + i * W); },
+                 [&](int64_t j) { return yr[j] + i * W; });
         };
         if (!pol.fast(s)) each(std::false_type{}, std::false_type{});
         else if (pol.normal(s)) each(std::true_type{}, std::true_type{});
@@ -1838,7 +1882,7 @@ struct Walker {
       T* const out = py + v * W;
       column_keys<1>(pol, col, n, inner, &k[0], &kmin, &bmin);
       const I s = pol.exponent(L::group_max(k[0], block_steps));
-      auto x_at = [&](int64_t j) { return col + j * inner; };
+      auto x_at = [&](int64_t j) { return load(col + j * inner); };
       auto y_at = [&](int64_t j) { return out + j * inner; };
       if (!pol.fast(s)) rows(std::false_type{}, std::false_type{}, s, x_at, y_at);
       else if (pol.normal(s)) rows(std::true_type{}, std::true_type{}, s, x_at, y_at);
