@@ -14,25 +14,33 @@ blocked along the channels, as there.
     ort-mx-bench --kernel --nchwc --input hardswish         # inputs with -0, as after Hardswish
     MXOPS_CPU_ISA=avx2 ort-mx-bench --kernel                # another SIMD path
     ort-mx-bench --kernel --nchwc --input-divisor 6         # each element divided by 6 first
+    ort-mx-bench --kernel --other-native old/ort_mx_ops/_native.cpython-311-x86_64-linux-gnu.so
 
 The negation loop is compiled for the baseline instruction set, as onnxruntime's ``Neg`` is;
 ``x Neg`` is its time over ours (higher is faster). Per array the best of ``--rounds`` calls
 counts; a configuration's total is the sum over the shapes, each times its count. Each timed
 pair follows an untimed negation of the same array (both find it in the caches, as a node
 finds its input), and the arrays are copied onto 2 MiB pages where Linux grants them (the
-same cache sets in every run; benchmarks/README.md).
+same cache sets in every run; benchmarks/README.md). ``--other-native`` times another build's
+``_native`` module (a file of another checkout's build) in the same process, the two builds in
+alternating rounds, and reports each one's median over the rounds.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import statistics
 import sys
+from types import ModuleType
 
 import numpy as np
 
 from ort_mx_ops.benchmarks import graphs, harness
 from ort_mx_ops.formats import MAX_INPUT_DIVISOR
 
-__all__ = ["CLASSIFIER_SHAPES", "INPUTS", "activation", "parse_shapes", "run", "main"]
+__all__ = ["CLASSIFIER_SHAPES", "INPUTS", "activation", "parse_shapes", "run", "compare",
+           "load_other_native", "main"]
 
 # (channels, height, width), count: see the module docstring.
 CLASSIFIER_SHAPES: tuple[tuple[tuple[int, int, int], int], ...] = (
@@ -86,15 +94,18 @@ def block_configs() -> list[str]:
 
 def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
         nchwc_block: int = 0, rounds: int = 200, seed: int = 0,
-        input_kind: str = "normal", input_divisor: int = 0) -> list[dict]:
+        input_kind: str = "normal", input_divisor: int = 0,
+        native: ModuleType | None = None) -> list[dict]:
     """Time each configuration on ``shapes`` ([1, C, H, W] float32 tensors of the input
     ``input_kind`` (see :func:`activation`), blocked along C; with ``nchwc_block`` the channels are rounded up to a multiple of it and
     the kernel reads the NCHWc memory order; with ``input_divisor`` the op's attribute of that
-    name, each element divided by it as the kernel loads it). Returns one row per configuration: totals and
+    name, each element divided by it as the kernel loads it; ``native``: the ``_native`` module
+    to time, this package's by default). Returns one row per configuration: totals and
     per-shape seconds (best calls) of the kernel and of the negation loop, and the fraction
     of the arrays' copies that Linux put on 2 MiB pages (where all of it, the arrays take
     the same cache sets in every run)."""
-    from ort_mx_ops import _native
+    if native is None:
+        from ort_mx_ops import _native as native
 
     rng = np.random.default_rng(seed)
     tensors = []
@@ -112,7 +123,7 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
             attrs["nchwc_block"] = nchwc_block
         if input_divisor:
             attrs["input_divisor"] = input_divisor
-        kernel, neg, huge = _native.time_block_op(spec.op, [t for _, _, t in tensors], attrs,
+        kernel, neg, huge = native.time_block_op(spec.op, [t for _, _, t in tensors], attrs,
                                                   rounds)
         per_shape = [{"shape": list(shape), "count": count, "kernel_s": k, "neg_s": n,
                       "x_neg": n / k}
@@ -125,6 +136,55 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
                      "neg_el_per_ns": elements / total_n * 1e-9, "x_neg": total_n / total_k,
                      "huge_page_fraction": huge, "shapes": per_shape})
     return rows
+
+
+def load_other_native(path: str) -> ModuleType:
+    """Another build's ``_native`` extension module, loaded from the file ``path`` under a name
+    of its own beside this package's (each build keeps its own symbols)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file")
+    spec = importlib.util.spec_from_file_location("ort_mx_ops_other_build._native", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path}: not a Python extension module")
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        raise ValueError(f"{path}: cannot load it as ort_mx_ops' _native module ({e})") from None
+    if not hasattr(module, "time_block_op"):
+        raise ValueError(f"{path}: has no time_block_op (not ort_mx_ops' _native module)")
+    return module
+
+
+def compare(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
+            other: ModuleType, alternations: int = 10, **run_kwargs) -> list[dict]:
+    """:func:`run` with this package's kernel and with ``other`` (:func:`load_other_native`) in
+    ``alternations`` rounds, the order alternating. Returns :func:`run`'s rows (from the first
+    round, totals replaced by the medians over the rounds of this build's) with each
+    configuration's ``other_kernel_s`` / ``other_neg_s`` (the other build's medians),
+    ``other_x_neg`` and ``time_vs_other`` (this build's kernel time / the other's)."""
+    from ort_mx_ops import _native
+
+    builds = {"this": _native, "other": other}
+    times: dict[str, dict[str, list[tuple[float, float]]]] = {"this": {}, "other": {}}
+    first = None
+    for r in range(alternations):
+        for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
+            rows = run(configs, shapes, native=builds[name], **run_kwargs)
+            if first is None and name == "this":
+                first = rows
+            for row in rows:
+                times[name].setdefault(row["config"], []).append((row["kernel_s"], row["neg_s"]))
+    out = []
+    for row in first or []:
+        mine, theirs = times["this"][row["config"]], times["other"][row["config"]]
+        k, n = (statistics.median(t[i] for t in mine) for i in (0, 1))
+        ok, on = (statistics.median(t[i] for t in theirs) for i in (0, 1))
+        out.append(dict(row, kernel_s=k, neg_s=n, x_neg=n / k,
+                        kernel_el_per_ns=row["elements"] / k * 1e-9,
+                        neg_el_per_ns=row["elements"] / n * 1e-9, other_kernel_s=ok,
+                        other_neg_s=on, other_x_neg=on / ok, time_vs_other=k / ok))
+    return out
 
 
 def _huge_pages(rows: list[dict]) -> str:
@@ -153,6 +213,15 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['config']} | {r['elements']} | {r['kernel_s'] * 1e6:.1f} | "
                      f"{r['kernel_el_per_ns']:.2f} | {r['neg_s'] * 1e6:.1f} | "
                      f"{r['neg_el_per_ns']:.2f} | {r['x_neg']:.2f} |")
+    if o.get("other_native"):
+        lines += ["", f"## Against another build ({o['other_native']}; {o['alternations']} "
+                  "alternating rounds, medians)", "",
+                  "| config | this µs | other µs | time / other's | ×Neg this | ×Neg other |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in doc["results"]:
+            lines.append(f"| {r['config']} | {r['kernel_s'] * 1e6:.1f} | "
+                         f"{r['other_kernel_s'] * 1e6:.1f} | {r['time_vs_other']:.3f} | "
+                         f"{r['x_neg']:.2f} | {r['other_x_neg']:.2f} |")
     if o["per_shape"]:
         lines += ["", "## Per shape (×Neg)", "",
                   "| shape [1, C, H, W] | count | " + " | ".join(r["config"] for r in doc["results"]) + " |",
@@ -184,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-divisor", type=int, default=0, metavar="D",
                    help="the op's input_divisor attribute: each element divided by D as the "
                         "kernel loads it (as a Div by D before the node; default: none)")
+    p.add_argument("--other-native", default=None, metavar="PATH",
+                   help="another build's _native extension module (ort_mx_ops/_native*.so of "
+                        "another checkout), timed in alternating rounds with this one")
+    p.add_argument("--alternations", type=int, default=10,
+                   help="rounds of the two builds with --other-native (default 10)")
     p.add_argument("--per-shape", action="store_true", help="also a table per shape")
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--quiet", action="store_true")
@@ -202,6 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--rounds must be at least 1")
     if not 0 <= args.input_divisor <= MAX_INPUT_DIVISOR:
         raise SystemExit(f"--input-divisor must be 1 ... {MAX_INPUT_DIVISOR} (0: none)")
+    if args.alternations < 1:
+        raise SystemExit("--alternations must be at least 1")
+    other = None
+    if args.other_native:
+        try:
+            other = load_other_native(args.other_native)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--other-native: {e}") from None
     try:
         shapes = parse_shapes(args.shapes) if args.shapes else list(CLASSIFIER_SHAPES)
     except ValueError as e:
@@ -213,12 +295,18 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--nchwc: onnxruntime uses no NCHWc layout on this CPU")
     from ort_mx_ops import _native
 
-    results = run(configs, shapes, block, args.rounds, input_kind=args.input,
+    kwargs = dict(nchwc_block=block, rounds=args.rounds, input_kind=args.input,
                   input_divisor=args.input_divisor)
+    if other is not None:
+        results = compare(configs, shapes, other, args.alternations, **kwargs)
+    else:
+        results = run(configs, shapes, **kwargs)
     doc = {"machine": harness.machine_info(), "isa": _native.cpu_isa(),
            "options": {"configs": configs, "shapes": [[list(s), n] for s, n in shapes],
                        "nchwc_block": block, "rounds": args.rounds, "input": args.input,
                        "input_divisor": args.input_divisor,
+                       "other_native": args.other_native,
+                       "alternations": args.alternations if other is not None else None,
                        "per_shape": args.per_shape},
            "results": results}
     text = markdown(doc)

@@ -113,7 +113,50 @@ def test_cli_input_divisor_reaches_the_kernel(tmp_path, monkeypatch):
     assert "divided by 6" in (tmp_path / "kernel_results.md").read_text()
 
 
+def test_compare_times_both_builds_in_alternating_rounds(tmp_path, monkeypatch):
+    """--other-native: this package's module and another build's (here the same file loaded a
+    second time under another name) each timed in every round, the order alternating."""
+    other = kernel_bench.load_other_native(_native.__file__)
+    assert other is not _native and other.__name__ != _native.__name__
+    calls = []
+
+    def recording(module, label):
+        real = module.time_block_op
+
+        def timed(op, xs, attrs, rounds):
+            calls.append(label)
+            return real(op, xs, attrs, rounds)
+        return timed
+
+    monkeypatch.setattr(_native, "time_block_op", recording(_native, "this"))
+    monkeypatch.setattr(other, "time_block_op", recording(other, "other"))
+    rows = kernel_bench.compare(["MXINT8"], [((32, 2, 16), 1)], other, alternations=3, rounds=2,
+                                input_divisor=6)
+    assert calls == ["this", "other", "other", "this", "this", "other"]
+    (row,) = rows
+    assert row["config"] == "MXINT8" and row["other_kernel_s"] > 0 and row["kernel_s"] > 0
+    assert row["time_vs_other"] == pytest.approx(row["kernel_s"] / row["other_kernel_s"])
+    rc = cli.main(["--kernel", "--configs", "BFP16", "--shapes", "16x2x16", "--rounds", "2",
+                   "--other-native", _native.__file__, "--alternations", "2",
+                   "--out", str(tmp_path), "--quiet"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "kernel_results.json").read_text())
+    assert doc["options"]["other_native"] == _native.__file__
+    assert doc["options"]["alternations"] == 2
+    assert "Against another build" in (tmp_path / "kernel_results.md").read_text()
+
+
+@pytest.mark.parametrize("path, message", [("missing.so", "no such file"),
+                                           ("empty.so", "cannot load")])
+def test_other_native_refuses_what_is_not_a_build(tmp_path, path, message):
+    (tmp_path / "empty.so").write_bytes(b"")
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["--kernel", "--other-native", str(tmp_path / path), "--out", str(tmp_path),
+                  "--quiet"])
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--alternations", "0"], "--alternations"),
     (["--configs", "BF16"], "non-block config"),
     (["--configs", "MX5"], "unknown"),
     (["--shapes", "8x8"], "--shapes"),
