@@ -158,6 +158,30 @@ def test_walks_that_keep_the_quotients(config, isa):
                 assert_bits_equal(got, ref(x, input_divisor=6, **attrs), context + " (reference)")
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_walks_divided_with_bfloat16_rounding_first(isa):
+    """BFP16 with convert_to_bfloat_before_bfp on the walks of WALK_CASES, d = 1 and 6, values
+    near the float32 maximum among them (bfloat16 rounding turns those into Inf after the
+    division by 1: the first passes that divide only a block's statistics must see it too)."""
+    nat, ref = native_and_reference("BFP")
+    rng = np.random.default_rng(17)
+    with cpu_path(isa):
+        for shape, axis, lanes in WALK_CASES:
+            x = _activations(shape, rng, specials=False)
+            flat = x.reshape(-1)
+            flat[3::301] = np.float32(3.4e38)
+            flat[4::401] = np.float32(-3.39e38)
+            attrs = dict(formats.FormatSpec.from_name("BFP16").node_attrs(axis),
+                         convert_to_bfloat_before_bfp=1)
+            if lanes:
+                attrs["nchwc_block"] = lanes
+            for d in (1, 6):
+                context = f"{isa} {shape} axis {axis} L={lanes} / {d}"
+                got = nat(x, input_divisor=d, **attrs)
+                assert_bits_equal(got, nat(x / np.float32(d), **attrs), context)
+                assert_bits_equal(got, ref(x, input_divisor=d, **attrs), context + " (reference)")
+
+
 def test_errors():
     op, attrs = _node_attrs("MXINT8", 1)
     for bad in (-1, formats.MAX_INPUT_DIVISOR + 1):

@@ -474,9 +474,42 @@ struct Walker {
     if constexpr (kKeepQuotients) kept[i] = v;
   }
   static MXOPS_VINL F quotient_or_load([[maybe_unused]] const F* kept, [[maybe_unused]] int64_t i,
-                                       [[maybe_unused]] const T* p) {
-    if constexpr (kKeepQuotients) return kept[i];
+                                       const T* p) {
+    if constexpr (kKeepQuotients)
+      if (kept != nullptr) return kept[i];
+    return load(p);
+  }
+
+  // The first passes of the NCHWc pixel walks (pixel_group_finite, lanes_column_sub_blocks),
+  // which take only order statistics of a block (its greatest magnitude, its least bit
+  // pattern), read Float32Divided inputs undivided (load_raw) and divide the statistics
+  // (as_loaded): one division per vector of W blocks' statistics instead of one per element
+  // in that pass, and the second pass divides each element as it loads it, where the
+  // division overlaps the rest of the arithmetic. Exact because what load() makes of an
+  // element, v -> v / d correctly rounded (d >= 1), then bfloat16 rounding where
+  // convert_to_bfloat_before_bfp, is monotonic and odd (f(-v) = -f(v)), so it maps a block's
+  // greatest magnitude to the greatest magnitude of its results, and its least bit pattern
+  // as signed (the negative element nearest zero, else the least positive one, -0 included)
+  // to theirs; it keeps Inf and NaN, and where it turns a finite element into Inf (bfloat16
+  // rounding) it does so to the greatest magnitude too. For the other element types both are
+  // load() and the identity.
+  static MXOPS_VINL F load_raw(const T* p) {
+    if constexpr (kKeepQuotients) return L::template load<Float32>(p);
     else return load(p);
+  }
+  static MXOPS_VINL F as_loaded(F v) {
+    if constexpr (kKeepQuotients) {
+      const F f = v / input_divisor_of_thread;  // (as Float32Divided's loads divide)
+      if constexpr (Bf16First) return bf16_round_bits(f);
+      return f;
+    } else {
+      return v;
+    }
+  }
+  // as_loaded of the value whose bit pattern (as signed) is b.
+  static MXOPS_VINL I as_loaded_bits(I b) {
+    if constexpr (kKeepQuotients) return as_int(f2u(as_loaded(u2f(as_uint(b)))));
+    else return b;
   }
 
   MXOPS_VINL void prefetch(const T* p, T* q) const {
@@ -1019,14 +1052,14 @@ struct Walker {
   // pattern (as signed) in bmin[c].
   // kCols 0: `cols` vectors (the tile walk's, rows in order). kKeep: the rows are also copied,
   // in order, into keep (n rows of nc vectors; the kept tile's first pass).
-  template <int kCols, bool kKeep = false>
+  template <int kCols, bool kKeep = false, bool kRaw = false>
   static MXOPS_VINL void column_magnitudes(const T* p, int64_t n, int64_t inner, I* a, I* bmin,
                                            int64_t cols = kCols, F* keep = nullptr) {
     const int64_t nc = kCols > 0 ? kCols : cols;
     magnitudes_start(nc, a, bmin);
 #pragma GCC unroll 2
     for (int64_t j = 0; j < n; ++j, p += inner)
-      magnitudes_row<kKeep>(p, nc, a, bmin, kKeep ? keep + j * nc : nullptr);
+      magnitudes_row<kKeep, kRaw>(p, nc, a, bmin, kKeep ? keep + j * nc : nullptr);
   }
 
   // x's bit pattern with the sign cleared: ordered as |x| for finite x, above every finite
@@ -1044,10 +1077,11 @@ struct Walker {
       if constexpr (Pol::kPlain > 1) bmin[c] = splat<I>(INT32_MAX);
     }
   }
-  template <bool kKeep = false>
+  // kRaw: the elements as load_raw reads them.
+  template <bool kKeep = false, bool kRaw = false>
   static MXOPS_VINL void magnitudes_row(const T* p, int64_t nc, I* a, I* bmin, F* keep = nullptr) {
     for (int64_t c = 0; c < nc; ++c) {
-      const F xv = load(p + c * W);
+      const F xv = kRaw ? load_raw(p + c * W) : load(p + c * W);
       if constexpr (kKeep) keep[c] = xv;
       a[c] = imax(a[c], magnitude_bits(xv));
       if constexpr (Pol::kPlain > 1) bmin[c] = imin(bmin[c], as_int(f2u(xv)));
@@ -1696,8 +1730,8 @@ struct Walker {
 
   // The rows of cnt pixels from px (pixel i's W channels at px + i * W, its n rows `inner`
   // apart), each element through apply(x, pixel i's parameters: lane i of prm in every lane).
-  // kN > 0: n and kCnt > 0: cnt fixed at compile time, and (kKeepQuotients) pixel i's row j
-  // read from kept[i * kN + j].
+  // kN > 0: n and kCnt > 0: cnt fixed at compile time, and (kKeepQuotients, kept not null)
+  // pixel i's row j read from kept[i * kN + j].
   template <int64_t kN, int kCnt, class P, class Apply>
   MXOPS_VINL void pixel_rows(const T* px, T* py, int64_t n_rows, int64_t inner, int cnt_rt,
                              const P& prm, Apply apply, [[maybe_unused]] const F* kept) const {
@@ -1754,22 +1788,20 @@ struct Walker {
     constexpr int kPlain = Pol::kPlain;
     I a[W];
     I bmin = splat<I>(INT32_MAX);
-    Quotients<kN * W> kept;  // (pixel i's row j in kept[i * kN + j])
 #pragma GCC unroll 16
     for (int i = 0; i < W; ++i) {
       I bm;
-      column_magnitudes<1, kKeepQuotients>(px + i * W, kN, inner, &a[i], &bm, 1,
-                                           kKeepQuotients ? kept + i * kN : nullptr);
+      column_magnitudes<1, false, true>(px + i * W, kN, inner, &a[i], &bm);  // (load_raw)
       if constexpr (kPlain > 1) bmin = imin(bmin, bm);
     }
-    const I amax = L::transpose_max(a);  // lane i: pixel i's greatest magnitude
+    const I amax = as_loaded_bits(L::transpose_max(a));  // lane i: pixel i's greatest magnitude
     if (!L::all(magnitude_finite(amax))) return false;
     const I s = pol.exponent_of_magnitude(amax);
     if (!pol.fast(s)) return false;
     const auto prm = pol.fast_params(s, s);
     // the least bit pattern over every lane, in every lane (~ reverses the order: no overflow)
-    if constexpr (kPlain > 1) bmin = ~L::group_max(~bmin, log2_exact(W));
-    auto rows = [&](auto apply) { pixel_rows<kN, W>(px, py, kN, inner, W, prm, apply, kept); };
+    if constexpr (kPlain > 1) bmin = as_loaded_bits(~L::group_max(~bmin, log2_exact(W)));
+    auto rows = [&](auto apply) { pixel_rows<kN, W>(px, py, kN, inner, W, prm, apply, nullptr); };
     // Where not plain, a -0 or a negative tiny x among the W pixels (Hardswish gives -0 below
     // -3): the plain form with the sign fix-up, without apply_fast's Inf / NaN test.
     in_form(pol, finite_form(true, pol.plain_finite(prm, bmin), pol.unclamped(prm, amax)), rows);
@@ -1855,21 +1887,26 @@ struct Walker {
         T* yr[kN];
         row_pointers<kN>(xr, px + v0 * W, inner);
         row_pointers<kN>(yr, py + v0 * W, inner);
-        Quotients<kN * W> kept;  // (pixel i's row j in kept[i * kN + j])
-#pragma GCC unroll 4
-        for (int64_t j = 0; j < kN; ++j)
+        // Float32Divided: the greatest magnitude of the raw elements (the key, an exponent
+        // field, would lose what the division needs), then the key of its quotient.
+        auto first_key = [&](const T* p) {
+          if constexpr (kKeepQuotients) return f2u(load_raw(p)) & 0x7fffffffu;
+          else return pol.key(load(p));
+        };
 #pragma GCC unroll 16
-          for (int i = 0; i < W; ++i) {
-            const F xv = load(xr[j] + i * W);
-            keep_quotient(kept, i * kN + j, xv);
-            k[i] = j == 0 ? pol.key(xv) : imax(k[i], pol.key(xv));
-          }
-        const I s = pol.exponent(L::transpose_max(k));
+        for (int i = 0; i < W; ++i) k[i] = first_key(xr[0] + i * W);
+#pragma GCC unroll 4
+        for (int64_t j = 1; j < kN; ++j)
+#pragma GCC unroll 16
+          for (int i = 0; i < W; ++i) k[i] = imax(k[i], first_key(xr[j] + i * W));
+        K kmax = L::transpose_max(k);
+        if constexpr (kKeepQuotients) kmax = pol.key(as_loaded(u2f(kmax)));
+        const I s = pol.exponent(kmax);
         auto each = [&](auto fast_tag, auto normal_tag) {
 #pragma GCC unroll 16
           for (int i = 0; i < W; ++i)
             rows(fast_tag, normal_tag, L::broadcast_lane(s, i),
-                 [&](int64_t j) { return quotient_or_load(kept, i * kN + j, xr[j] + i * W); },
+                 [&](int64_t j) { return load(xr[j] + i * W); },
                  [&](int64_t j) { return yr[j] + i * W; });
         };
         if (!pol.fast(s)) each(std::false_type{}, std::false_type{});
