@@ -480,9 +480,9 @@ struct Walker {
     return load(p);
   }
 
-  // The first passes of the NCHWc pixel walks (pixel_group_finite, lanes_column_sub_blocks),
-  // which take only order statistics of a block (its greatest magnitude, its least bit
-  // pattern), read Float32Divided inputs undivided (load_raw) and divide the statistics
+  // The first pass of the NCHWc pixel walk of the plain form's policies (pixel_group_finite),
+  // which takes only order statistics of a block (its greatest magnitude, its least bit
+  // pattern), reads Float32Divided inputs undivided (load_raw) and divides the statistics
   // (as_loaded): one division per vector of W blocks' statistics instead of one per element
   // in that pass, and the second pass divides each element as it loads it, where the
   // division overlaps the rest of the arithmetic. Exact because what load() makes of an
@@ -1887,26 +1887,26 @@ struct Walker {
         T* yr[kN];
         row_pointers<kN>(xr, px + v0 * W, inner);
         row_pointers<kN>(yr, py + v0 * W, inner);
-        // Float32Divided: the greatest magnitude of the raw elements (the key, an exponent
-        // field, would lose what the division needs), then the key of its quotient.
-        auto first_key = [&](const T* p) {
-          if constexpr (kKeepQuotients) return f2u(load_raw(p)) & 0x7fffffffu;
-          else return pol.key(load(p));
-        };
-#pragma GCC unroll 16
-        for (int i = 0; i < W; ++i) k[i] = first_key(xr[0] + i * W);
+        // (Float32Divided: the quotients kept, pixel i's row j in kept[i * kN + j]. Dividing
+        // only the first pass's greatest magnitudes instead, as pixel_group_finite does, and
+        // each element in the second pass measured the same time for MX9 / MX6 / MX4: AVX-512,
+        // Zen 4, the direction classifier's 18 hard-swish shapes in its NCHWc view, 20
+        // alternating rounds, ort-mx-bench --kernel --other-native.)
+        Quotients<kN * W> kept;
 #pragma GCC unroll 4
-        for (int64_t j = 1; j < kN; ++j)
+        for (int64_t j = 0; j < kN; ++j)
 #pragma GCC unroll 16
-          for (int i = 0; i < W; ++i) k[i] = imax(k[i], first_key(xr[j] + i * W));
-        K kmax = L::transpose_max(k);
-        if constexpr (kKeepQuotients) kmax = pol.key(as_loaded(u2f(kmax)));
-        const I s = pol.exponent(kmax);
+          for (int i = 0; i < W; ++i) {
+            const F xv = load(xr[j] + i * W);
+            keep_quotient(kept, i * kN + j, xv);
+            k[i] = j == 0 ? pol.key(xv) : imax(k[i], pol.key(xv));
+          }
+        const I s = pol.exponent(L::transpose_max(k));
         auto each = [&](auto fast_tag, auto normal_tag) {
 #pragma GCC unroll 16
           for (int i = 0; i < W; ++i)
             rows(fast_tag, normal_tag, L::broadcast_lane(s, i),
-                 [&](int64_t j) { return load(xr[j] + i * W); },
+                 [&](int64_t j) { return quotient_or_load(kept, i * kN + j, xr[j] + i * W); },
                  [&](int64_t j) { return yr[j] + i * W; });
         };
         if (!pol.fast(s)) each(std::false_type{}, std::false_type{});
