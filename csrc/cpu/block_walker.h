@@ -39,12 +39,12 @@
 namespace mxops::cpu {
 
 // The element type of a float32 input divided by the op's input_divisor as it is loaded
-// (QdqParams): each lane set's load divides, each quotient correctly rounded as a Div node's,
-// so the walk sees the bits that node would have written; stores are float32's. A tag with no
-// code (named by the SIMD parts' run_walks overloads, so outside the anonymous namespace
-// below). The divisor is a thread-local variable that the walk's caller sets on the thread
-// that runs the walk (set_input_divisor): the walks' static loads have no walker to read it
-// from.
+// (QdqParams): the walker loads and stores it as Float32 and divides what it loads
+// (Walker::as_loaded), each quotient correctly rounded as a Div node's, so the walk sees the
+// bits that node would have written. The lane sets never see this type. A tag with no code
+// (named by the SIMD parts' run_walks overloads, so outside the anonymous namespace below).
+// The divisor is a thread-local variable that the walk's caller sets on the thread that runs
+// the walk (set_input_divisor): the walks' static loads have no walker to read it from.
 struct Float32Divided {
   using T = float;
 };
@@ -217,15 +217,9 @@ struct ScalarLanes {
   template <class V>
   static MXOPS_VINL V broadcast_lane(V v, int /*i*/) { return v; }
   template <class IO, bool Exact = false>
-  static MXOPS_VINL F load(const typename IO::T* p) {
-    if constexpr (std::is_same_v<IO, Float32Divided>) return *p / input_divisor_of_thread;
-    else return IO::load(*p);
-  }
+  static MXOPS_VINL F load(const typename IO::T* p) { return IO::load(*p); }
   template <class IO>
-  static MXOPS_VINL void store(typename IO::T* p, F v) {
-    if constexpr (std::is_same_v<IO, Float32Divided>) *p = v;
-    else *p = IO::store(v);
-  }
+  static MXOPS_VINL void store(typename IO::T* p, F v) { *p = IO::store(v); }
 };
 
 // ------------------------------------------------------------------------------------------
@@ -447,15 +441,23 @@ struct Walker {
   // not help (prefetch_rows_for_call, qdq_cpu.cc).
   bool prefetch_rows = true;
 
+  // Float32Divided: loaded and stored as Float32 (the lane sets' types), divided by as_loaded.
+  static constexpr bool kDivided = std::is_same_v<IO, Float32Divided>;
+  using Stored = std::conditional_t<kDivided, Float32, IO>;
+
   // bfloat16 rounding first can turn a NaN into Inf, so float16 NaNs are widened exactly there.
   static MXOPS_VINL F load(const T* p) {
-    const F f = L::template load<IO, Bf16First && std::is_same_v<IO, Float16>>(p);
-    if constexpr (Bf16First) return bf16_round_bits(f);
-    return f;
+    if constexpr (kDivided) {
+      return as_loaded(load_raw(p));
+    } else {
+      const F f = L::template load<IO, Bf16First && std::is_same_v<IO, Float16>>(p);
+      if constexpr (Bf16First) return bf16_round_bits(f);
+      return f;
+    }
   }
   static MXOPS_VINL void store(T* p, F v) {
-    if constexpr (Stream) L::template stream<IO>(p, v);
-    else L::template store<IO>(p, v);
+    if constexpr (Stream) L::template stream<Stored>(p, v);
+    else L::template store<Stored>(p, v);
   }
 
   // Float32Divided: the walks that read a block twice (its maximum, then its results) and
@@ -466,7 +468,7 @@ struct Walker {
   // array for N vectors; keep_quotient / quotient_or_load: the first pass's store of vector
   // i, the second pass's read of it (p: its address in the input). The column walks keep
   // the rows (column_walk: kKeptColumns), which are the quotients too.
-  static constexpr bool kKeepQuotients = std::is_same_v<IO, Float32Divided>;
+  static constexpr bool kKeepQuotients = kDivided;
   template <int64_t N>
   using Quotients = F[kKeepQuotients && N > 0 ? N : 1];
   static MXOPS_VINL void keep_quotient([[maybe_unused]] F* kept, [[maybe_unused]] int64_t i,
@@ -483,23 +485,24 @@ struct Walker {
   // The first pass of the NCHWc pixel walk of the plain form's policies (pixel_group_finite),
   // which takes only order statistics of a block (its greatest magnitude, its least bit
   // pattern), reads Float32Divided inputs undivided (load_raw) and divides the statistics
-  // (as_loaded): one division per vector of W blocks' statistics instead of one per element
-  // in that pass, and the second pass divides each element as it loads it, where the
-  // division overlaps the rest of the arithmetic. Exact because what load() makes of an
-  // element, v -> v / d correctly rounded (d >= 1), then bfloat16 rounding where
-  // convert_to_bfloat_before_bfp, is monotonic and odd (f(-v) = -f(v)), so it maps a block's
-  // greatest magnitude to the greatest magnitude of its results, and its least bit pattern
-  // as signed (the negative element nearest zero, else the least positive one, -0 included)
-  // to theirs; it keeps Inf and NaN, and where it turns a finite element into Inf (bfloat16
-  // rounding) it does so to the greatest magnitude too. For the other element types both are
-  // load() and the identity.
+  // (as_loaded, which load() applies to every element it reads): one division per vector of
+  // W blocks' statistics instead of one per element in that pass, and the second pass
+  // divides each element as it loads it, where the division overlaps the rest of the
+  // arithmetic. Exact because what load() makes of an element, v -> v / d correctly rounded
+  // (d >= 1), then bfloat16 rounding where convert_to_bfloat_before_bfp, is monotonic and
+  // odd (f(-v) = -f(v)), so it maps a block's greatest magnitude to the greatest magnitude
+  // of its results, and its least bit pattern as signed (the negative element nearest zero,
+  // else the least positive one, -0 included) to theirs; it keeps Inf and NaN, and where it
+  // turns a finite element into Inf (bfloat16 rounding) it does so to the greatest magnitude
+  // too. For the other element types load_raw is load() and as_loaded the identity.
   static MXOPS_VINL F load_raw(const T* p) {
-    if constexpr (kKeepQuotients) return L::template load<Float32>(p);
+    if constexpr (kDivided) return L::template load<Float32>(p);
     else return load(p);
   }
   static MXOPS_VINL F as_loaded(F v) {
-    if constexpr (kKeepQuotients) {
-      const F f = v / input_divisor_of_thread;  // (as Float32Divided's loads divide)
+    if constexpr (kDivided) {
+      // (vdivps / divss: correctly rounded, as a Div node's)
+      const F f = v / input_divisor_of_thread;
       if constexpr (Bf16First) return bf16_round_bits(f);
       return f;
     } else {
@@ -508,7 +511,7 @@ struct Walker {
   }
   // as_loaded of the value whose bit pattern (as signed) is b.
   static MXOPS_VINL I as_loaded_bits(I b) {
-    if constexpr (kKeepQuotients) return as_int(f2u(as_loaded(u2f(as_uint(b)))));
+    if constexpr (kDivided) return as_int(f2u(as_loaded(u2f(as_uint(b)))));
     else return b;
   }
 

@@ -191,8 +191,6 @@ struct VecLanes {
   static MXOPS_VINL F load(const typename IO::T* p) {
     if constexpr (std::is_same_v<IO, Float32>) {
       return load_vec<F>(p);
-    } else if constexpr (std::is_same_v<IO, Float32Divided>) {
-      return load_vec<F>(p) / input_divisor_of_thread;  // (vdivps: correctly rounded, as divss)
     } else if constexpr (std::is_same_v<IO, BFloat16>) {
       return BFloat16::load_bits(widen(p));
     } else if constexpr (Exact) {
@@ -211,7 +209,7 @@ struct VecLanes {
 
   template <class IO>
   static MXOPS_VINL void store(typename IO::T* p, F f) {
-    if constexpr (std::is_same_v<IO, Float32> || std::is_same_v<IO, Float32Divided>) {
+    if constexpr (std::is_same_v<IO, Float32>) {
       store_vec(p, f);
     } else if constexpr (std::is_same_v<IO, BFloat16>) {
       narrow(p, BFloat16::store_bits(f));
