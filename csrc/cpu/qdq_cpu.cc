@@ -104,6 +104,22 @@ bool amd_zen4() {
 #endif
 }
 
+// AMD family 1Ah: Zen 5 (from CPUID leaf 1: GCC 12's __builtin_cpu_is has no name for it).
+bool amd_zen5() {
+#if !defined(__x86_64__)
+  return false;
+#else
+  static const bool zen5 = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u) return false;  // "Auth(enticAMD)"
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base = (a >> 8) & 0xfu, extended = (a >> 20) & 0xffu;
+    return (base == 0xfu ? base + extended : base) == 0x1au;
+  }();
+  return zen5;
+#endif
+}
+
 // Whether this processor runs 512-bit vector operations as two 256-bit halves (Zen 4). On
 // such a Zen 4, one thread, float32,
 // the AVX-512 walker along rows ran slower than the AVX2 one (xNeg, BFP16: 0.20-0.27 against
@@ -131,25 +147,33 @@ bool row_prefetch_helps() { return !amd_zen4(); }
 // / MX4 0.95-1.04 -> 0.93-0.97 on two threads; float16 MXINT8 and MXFP8E4M3, 64 bytes, 11-13 %
 // faster with them on one).
 constexpr int64_t kPrefetchBlockBytes = 64;
+// On Zen 5 float32 blocks of 32 (128 bytes) gain from them too: the walker called directly
+// (one thread, [256, 65536] float32, blocked axis innermost, x a negation loop in the same
+// run, without -> with, three or four runs each, 2026-12-02): AVX-512 MXINT8 0.44-0.56 ->
+// 0.68-0.82, MXFP8E4M3 0.44-0.49 -> 0.65-0.70; AVX2 MXINT8 0.78-0.87 -> 0.96-1.04, MXFP8E4M3
+// 0.51-0.96 -> 0.85-0.91 (avx2_takes_long_rows).
+constexpr int64_t kZen5PrefetchBlockBytes = 128;
+int64_t prefetch_block_bytes() { return amd_zen5() ? kZen5PrefetchBlockBytes : kPrefetchBlockBytes; }
 
 // Whether the innermost walks of a call over `bytes` of input, in blocks of `block_bytes`,
 // prefetch: MXOPS_CPU_PREFETCH=1 / 0 forces it on / off (to measure both on one machine);
 // unset or empty, where row_prefetch_helps(), the input is at least kStreamBytes
-// (block_walker.h) and a block at most kPrefetchBlockBytes. Below kStreamBytes the tensor is
+// (block_walker.h) and a block at most prefetch_block_bytes(). Below kStreamBytes the tensor is
 // mostly in the caches, and on Zen 3 the prefetches measured 0-5 % slower there (64 Ki and
 // 1 Mi float32 elements) where they gain 5-15 % at 16 Mi. The outputs are the same bits
 // either way.
 bool prefetch_rows_for_call(int64_t bytes, int64_t block_bytes) {
   const char* req = std::getenv("MXOPS_CPU_PREFETCH");
   if (req == nullptr || *req == '\0')
-    return row_prefetch_helps() && bytes >= kStreamBytes && block_bytes <= kPrefetchBlockBytes;
+    return row_prefetch_helps() && bytes >= kStreamBytes &&
+           block_bytes <= prefetch_block_bytes();
   if (std::strcmp(req, "1") == 0) return true;
   if (std::strcmp(req, "0") == 0) return false;
   throw InvalidArgument{std::string("MXOPS_CPU_PREFETCH=") + req +
                         " is not 0 or 1 (or unset: on this processor " +
                         (row_prefetch_helps() ? "1" : "0") + " for inputs of " +
                         std::to_string(kStreamBytes >> 20) + " MiB or more in blocks of at most " +
-                        std::to_string(kPrefetchBlockBytes) + " bytes)"};
+                        std::to_string(prefetch_block_bytes()) + " bytes)"};
 }
 
 // Says once per requested value, on stderr, that the processor cannot run that path.
@@ -215,16 +239,35 @@ bool avx2_takes_row_blocks_at_once(const QdqParams& p) {
   return p.block_size == 8 && !avx512_takes_half_vector_blocks(p);
 }
 
-// The path of a block op with parameters p over g: the one MXOPS_CPU_ISA asks for (read
-// once) if it is set; else the best detected, except the AVX2 walker in place of the AVX-512
-// one along rows (g.inner == 1) where split_512_bit_units() or
-// avx2_takes_row_blocks_at_once(p).
-Isa block_op_isa(const QdqParams& p, const Geometry& g) {
+// Whether rows (the blocked axis innermost) of an input of `bytes` in float32 blocks of 32
+// elements with the plain form (MXINT8, the MXFP formats) take the AVX2 walker in place of
+// the AVX-512 one: on Zen 5, inputs of kStreamBytes or more, which the walk streams from
+// memory (and prefetches: kZen5PrefetchBlockBytes). The AVX-512 walk takes 16 such blocks
+// (2 KiB) at a time, the AVX2 one 8. Measured on a 2-core Zen 5 (family 1Ah model 2, KVM),
+// 16 Mi float32 elements: the walker called directly, one thread, x a negation loop in the
+// same run, three runs, both prefetching: AVX-512 MXINT8 0.68-0.82 / MXFP8E4M3 0.65-0.70,
+// AVX2 0.96-1.04 / 0.85-0.91; ort-mx-bench (two threads, x Neg, one to three runs each):
+// AVX-512 MXINT8 0.58-0.68 without prefetches (the default before) and 0.84 with, the MXFP
+// formats 0.58-0.68 / 0.78-0.79; AVX2 with them MXINT8 0.98-1.01, MXFP 0.94-1.04. In cache
+// the two walkers measured within their runs' spread, so smaller inputs keep the AVX-512
+// walker.
+bool avx2_takes_long_rows(const QdqParams& p, DType t, int64_t bytes) {
+  return amd_zen5() && t == DType::kFloat32 && p.block_size == 32 && bytes >= kStreamBytes &&
+         has_plain_form(p);
+}
+
+// The path of a block op with parameters p over g of element type t: the one MXOPS_CPU_ISA
+// asks for (read once) if it is set; else the best detected, except the AVX2 walker in place
+// of the AVX-512 one along rows (g.inner == 1) where split_512_bit_units(),
+// avx2_takes_row_blocks_at_once(p) or avx2_takes_long_rows.
+Isa block_op_isa(const QdqParams& p, const Geometry& g, DType t) {
   const char* req = std::getenv("MXOPS_CPU_ISA");
   if (req != nullptr && *req != '\0') return isa_for_request(req);
   const Isa best = detected_isa();
-  const bool rows_on_avx2 = split_512_bit_units() || avx2_takes_row_blocks_at_once(p);
-  return best == Isa::kAvx512 && g.inner == 1 && rows_on_avx2 ? Isa::kAvx2 : best;
+  if (best != Isa::kAvx512 || g.inner != 1) return best;
+  const bool rows_on_avx2 = split_512_bit_units() || avx2_takes_row_blocks_at_once(p) ||
+                            avx2_takes_long_rows(p, t, g.num_elements * element_bytes(t));
+  return rows_on_avx2 ? Isa::kAvx2 : best;
 }
 
 }  // namespace
@@ -365,7 +408,7 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
     }
     return;
   }
-  Isa isa = block_op_isa(p, g);
+  Isa isa = block_op_isa(p, g, t);
 #if MXOPS_HAVE_SIMD16
   if (isa == Isa::kAvx512 && !simd16::supports(p, g)) isa = Isa::kScalar;
 #endif
