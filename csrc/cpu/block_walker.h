@@ -124,11 +124,24 @@ inline int64_t l1d_ways() {
   }();
   return ways;
 }
+// Whether the processor is Intel's (CPUID vendor "GenuineIntel").
+inline bool intel_processor() {
+  static const bool intel = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u;  // "Genu(ineIntel)"
+#else
+    return false;
+#endif
+  }();
+  return intel;
+}
 // Whether the AVX-512 walker (`lanes` 16) takes the plain column walk (column_walk,
 // ColumnWalk::kColumns: two column vectors at a time, a pair's block maxima down the rows, then
 // its rows again beside the next pair's first pass) for blocks of `bs` rows of `element_bytes`
 // `stride_bytes` apart, in place of the row walk (takes_row_walk): blocks of 32 float32 rows
-// exactly 2 KiB apart ([N, 512] tensors blocked along axis 0) where the L1 has 12 ways or more.
+// exactly 2 KiB apart ([N, 512] tensors blocked along axis 0) where the L1 has 12 ways or more,
+// on Intel's processors.
 // Such a block (64 KiB) does not stay in the L1 between the passes whichever way it is walked,
 // and a column pair at a time ran faster than whole rows. Measured on a 2-core Xeon (family 6
 // model 167, 48 KiB 12-way L1, 2 MiB L2), libraries with and without this in one process,
@@ -139,9 +152,15 @@ inline int64_t l1d_ways() {
 // 0.70-0.75 -> 0.78-0.82, the MXFP formats 0.75-0.76 -> 0.82-0.89. Not at other strides (1, 3,
 // 6 and 10 KiB measured mixed there, the MXFP formats up to 0.13 slower at 10 KiB) nor for the
 // AVX2 walker (the MXFP formats 0.03-0.07 slower at [512, 512] and [1024, 512]); policies
-// without the plain form keep the kept columns (column_walk).
+// without the plain form keep the kept columns (column_walk). Intel's processors only: on a
+// 2-core AMD Zen 5 (family 1Ah model 2, 48 KiB 12-way L1, 1 MiB L2) the row walk was faster
+// (the walker called directly, one thread, x a negation loop in the same run, three runs,
+// these columns -> the row walk: [512, 512] MXINT8 0.41 -> 0.52-0.54, MXFP8E4M3 0.42-0.47 ->
+// 0.51-0.53, MXFP4E2M1 0.41-0.55 -> 0.52-0.59; [256, 512], [1024, 512], [2048, 512] 0.37-0.49
+// -> 0.47-0.61), as `ort-mx-bench --walk-bound` has it there (rows 0.62, columns 0.42).
 MXOPS_VINL bool columns_at_2k(int64_t lanes, int64_t bs, int64_t stride_bytes, int64_t element_bytes) {
-  return lanes == 16 && element_bytes == 4 && bs == 32 && stride_bytes == 2048 && l1d_ways() >= 12;
+  return lanes == 16 && element_bytes == 4 && bs == 32 && stride_bytes == 2048 && l1d_ways() >= 12 &&
+         intel_processor();
 }
 
 // Whether a block of `bs` rows of `element_bytes` each, `g.inner` apart, takes the row walk
@@ -155,7 +174,10 @@ MXOPS_VINL bool columns_at_2k(int64_t lanes, int64_t bs, int64_t stride_bytes, i
 // [512, 512] 0.43-0.56 -> 0.58-0.60, [1024, 512] and [2048, 512] 0.67-0.70 -> 0.75-0.78. On
 // Zen 3 (8 ways) the row walk had measured faster there (fc643dd), and the plain form's
 // policies (MXINT8, the MXFP formats) keep it on the Xeon too, but for columns_at_2k (kept
-// columns: [512, 512] MXINT8 0.64-0.67 -> 0.52-0.58 on family 6 model 207).
+// columns: [512, 512] MXINT8 0.64-0.67 -> 0.52-0.58 on family 6 model 207). On a Zen 5 (12
+// ways) the two measured within their runs' spread for MX9 / MX6 / MX4 at [256 ... 2048,
+// 512] (the walker called directly, one thread, three runs: kept columns 0.53-0.80, row walk
+// 0.57-0.75), so the exclusion stays there too.
 MXOPS_VINL bool takes_row_walk(const QdqParams& q, const Geometry& g, int64_t bs, int64_t element_bytes,
                                int64_t lanes) {
   const int64_t stride = g.inner * element_bytes;
