@@ -101,6 +101,24 @@ MXOPS_VINL int64_t walk_block_size(const QdqParams& p, const Geometry& g) {
   return g.lanes > 1 ? p.block_size / g.lanes : p.block_size;
 }
 
+// The first four letters of the processor's CPUID vendor name as a little-endian word
+// ("Auth" of AuthenticAMD, "Genu" of GenuineIntel), 0 where CPUID does not say.
+inline unsigned cpu_vendor_word() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d)) return b;
+#endif
+  return 0;
+}
+inline bool amd_processor() {
+  static const bool amd = cpu_vendor_word() == 0x68747541u;  // "Auth"
+  return amd;
+}
+inline bool intel_processor() {
+  static const bool intel = cpu_vendor_word() == 0x756e6547u;  // "Genu"
+  return intel;
+}
+
 // The ways of the L1 data cache, as the processor reports them (CPUID leaf 4 on Intel,
 // 0x8000001D on AMD: the first level-1 data or unified cache's ways), 8 where it does not say.
 inline int64_t l1d_ways() {
@@ -108,10 +126,9 @@ inline int64_t l1d_ways() {
     int64_t w = 8;
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return w;
-    const bool amd = b == 0x68747541u;  // "Auth(enticAMD)"
+    const bool amd = amd_processor();
     const unsigned leaf = amd ? 0x8000001Du : 4u;
-    if (amd ? __get_cpuid_max(0x80000000u, nullptr) < leaf : a < leaf) return w;
+    if (cpu_vendor_word() == 0 || __get_cpuid_max(amd ? 0x80000000u : 0u, nullptr) < leaf) return w;
     for (unsigned i = 0; i < 8; ++i) {
       __cpuid_count(leaf, i, a, b, c, d);
       const unsigned type = a & 0x1fu, level = (a >> 5) & 0x7u;
@@ -123,18 +140,6 @@ inline int64_t l1d_ways() {
     return w;
   }();
   return ways;
-}
-// Whether the processor is Intel's (CPUID vendor "GenuineIntel").
-inline bool intel_processor() {
-  static const bool intel = [] {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u;  // "Genu(ineIntel)"
-#else
-    return false;
-#endif
-  }();
-  return intel;
 }
 // Whether the AVX-512 walker (`lanes` 16) takes the plain column walk (column_walk,
 // ColumnWalk::kColumns: two column vectors at a time, a pair's block maxima down the rows, then

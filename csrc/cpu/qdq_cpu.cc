@@ -111,8 +111,7 @@ bool amd_zen5() {
 #else
   static const bool zen5 = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u) return false;  // "Auth(enticAMD)"
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    if (!amd_processor() || !__get_cpuid(1, &a, &b, &c, &d)) return false;
     const unsigned base = (a >> 8) & 0xfu, extended = (a >> 20) & 0xffu;
     return (base == 0xfu ? base + extended : base) == 0x1au;
   }();
