@@ -134,6 +134,34 @@ void columns_kept(const Tensor& t) {
     }
 }
 
+// Strips of kStripVectors column vectors of each row (1 KiB with AVX-512, 512 bytes with
+// AVX2): the block's rows of a strip in order into the strip's column maxima, held in
+// registers, then the strip's rows again (a tile walk as wide as the registers allow).
+constexpr int64_t kStripVectors = 16;
+
+template <int64_t kNv>
+void strip(const Tensor& t, const float* p, float* q, int64_t nv) {
+  const int64_t n = kNv > 0 ? kNv : nv;
+  V m[kStripVectors] = {};
+  for (int64_t j = 0; j < t.block; ++j)
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < n; ++c) m[c] = vmax(m[c], magnitude(load(p + j * t.cols + c * W)));
+  for (int64_t j = 0; j < t.block; ++j)
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < n; ++c) store(q + j * t.cols + c * W, vmin(load(p + j * t.cols + c * W), m[c]));
+}
+
+void strips(const Tensor& t) {
+  for (int64_t b = 0; b < t.rows; b += t.block)
+    for (int64_t c0 = 0; c0 < t.cols; c0 += kStripVectors * W) {
+      const float* p = t.x + b * t.cols + c0;
+      float* q = t.y + b * t.cols + c0;
+      const int64_t nv = std::min<int64_t>(kStripVectors, (t.cols - c0) / W);
+      if (nv == kStripVectors) strip<kStripVectors>(t, p, q, nv);
+      else strip<0>(t, p, q, nv);  // the last, narrower strip
+    }
+}
+
 // walk(std::integral_constant<int, kN>) for the block's rows kN (8, 16 or 32): the column
 // walks take kN at compile time, so their loops over the rows unroll.
 template <class Walk>
@@ -169,6 +197,7 @@ const Walk kWalks[] = {
     {"columns", columns_of_block<false>, true},
     {"columns_in_registers", columns_of_block<true>, true},
     {"columns_kept", columns_kept_of_block, true},
+    {"strips", strips, true},
 };
 
 float* buffer(size_t bytes) {

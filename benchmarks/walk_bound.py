@@ -18,7 +18,9 @@ Walks: ``rows`` (whole rows in order, both passes: the kernel's row walk), ``row
 block's rows, twice: the column walk), ``columns_in_registers`` (the same with the rows
 kept in vector registers between the passes), ``columns_kept`` (two column vectors at a
 time, the first pass copying the rows into a local buffer that the second reads: the column
-walk's kept rows).
+walk's kept rows), ``strips`` (16 column vectors of each row at a time, 1 KiB with AVX-512:
+the block's rows of a strip into column maxima held in registers, then the strip's rows
+again; a tile walk as wide as the registers allow).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from ort_mx_ops.benchmarks import harness
 __all__ = ["SOURCE", "WALKS", "DEFAULT_SHAPES", "parse_shapes", "build", "run", "markdown", "main"]
 
 SOURCE = Path(__file__).with_name("walk_bound.cc")
-WALKS = ("rows", "rows_reversed", "columns", "columns_in_registers", "columns_kept")
+WALKS = ("rows", "rows_reversed", "columns", "columns_in_registers", "columns_kept", "strips")
 BLOCKS = (8, 16, 32)
 # [rows, cols]: the op benchmark's 256 Ki, 1 Mi (rows 2 KiB and 4 KiB apart) and neighbours.
 DEFAULT_SHAPES = ((512, 512), (256, 1024), (1024, 512), (1024, 1024))

@@ -100,7 +100,8 @@ def test_legacy_names_equal_new_names(op: str, attrs: dict) -> None:
 # by the stride: the row walk at 4 KiB, at exactly 2 KiB the column pairs for blocks of 32 rows
 # (AVX-512 where the L1 has 12 ways or more: columns_at_2k) and the kept columns for MX9's
 # sub-blocks, else the row walk. Through onnxruntime, so .ci/run's sanitizer job walks them too.
-STRIDE_LAYOUTS = [((96, 512), 0), ((101, 512), 0), ((2, 64, 512), 1), ((40, 1024), 0)]
+# Rows 2 KiB apart (two of the L1's sets), 4 KiB (one) and 6 KiB (two again).
+STRIDE_LAYOUTS = [((96, 512), 0), ((101, 512), 0), ((2, 64, 512), 1), ((40, 1024), 0), ((48, 1536), 0)]
 
 
 @pytest.mark.parametrize("config", sorted(BLOCK_CONFIGS))

@@ -1040,7 +1040,17 @@ struct Walker {
     // Xeon, family 6 model 207): rows 2 KiB apart with the output in their sets fit there. BFP16,
     // AVX-512, one thread, the walker called directly, xNeg kept columns -> columns: [512, 512]
     // 0.45-0.53 -> 0.66-0.71, [1024, 512] 0.53-0.62 -> 0.82-0.87, [256, 512] 0.40 -> 0.52-0.56.
-    if (n == 8 && per_set < l1d_ways()) return ColumnWalk::kColumns;
+    // With 8 ways too, for the AVX-512 walker and the plain form's policies, where the rows
+    // fall into two sets (rows 2, 6, 10, ... KiB apart): the 8 lines a set of the input rows
+    // and their output rows fill it exactly, and the plain columns (column_pairs_pipelined
+    // without the copy) measured faster than the kept ones on a 2-core AMD Zen 4 (family 25
+    // model 17, 32 KiB 8-way L1; BFP16, one thread, the walker called directly, xNeg, both
+    // walks alternating in one process, 8 rounds): [64 ... 2048, 512] 0.33-0.38 -> 0.44-0.51,
+    // [512, 1536] and [128, 1536] 0.36-0.38 -> 0.46-0.48, [256, 2560] 0.36 -> 0.46. Not at one
+    // set (rows a multiple of 4 KiB apart: [1024, 1024] 0.30 kept, 0.26 columns), nor on the
+    // AVX2 walker (the same within 0.02 both ways there).
+    if (n == 8 && (per_set < l1d_ways() || (Pol::kPlain > 0 && W == 16 && sets == 2)))
+      return ColumnWalk::kColumns;
     // Blocks of 32 float32 rows exactly 2 KiB apart (AVX-512, 12 ways or more): columns_at_2k.
     if (Pol::kPlain > 0 && columns_at_2k(W, n, stride, int64_t(sizeof(T)))) return ColumnWalk::kColumns;
     if ((n == 8 || n == 16 || n == 32) && (sets >= 2 || n <= 8)) return ColumnWalk::kKeptColumns;
