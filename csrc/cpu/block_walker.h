@@ -1044,11 +1044,13 @@ struct Walker {
     // fall into two sets (rows 2, 6, 10, ... KiB apart): the 8 lines a set of the input rows
     // and their output rows fill it exactly, and the plain columns (column_pairs_pipelined
     // without the copy) measured faster than the kept ones on a 2-core AMD Zen 4 (family 25
-    // model 17, 32 KiB 8-way L1; BFP16, one thread, the walker called directly, xNeg, both
-    // walks alternating in one process, 8 rounds): [64 ... 2048, 512] 0.33-0.38 -> 0.44-0.51,
-    // [512, 1536] and [128, 1536] 0.36-0.38 -> 0.46-0.48, [256, 2560] 0.36 -> 0.46. Not at one
-    // set (rows a multiple of 4 KiB apart: [1024, 1024] 0.30 kept, 0.26 columns), nor on the
-    // AVX2 walker (the same within 0.02 both ways there).
+    // model 17, 32 KiB 8-way L1; BFP16, one thread, the walker called directly with the output
+    // in the input's sets, xNeg, the libraries before and after alternating in one process, 6
+    // rounds, medians): normal inputs [64, 512] 0.41 -> 0.51, [256, 512] 0.47 -> 0.58, [512,
+    // 512] 0.44 -> 0.54, [2048, 512] 0.43 -> 0.52, [128, 1536] 0.46 -> 0.58, [256, 2560] 0.44 ->
+    // 0.54; with -0s 0.42-0.45 -> 0.48-0.52. Not at one set (rows a multiple of 4 KiB apart;
+    // [1024, 1024] with the walk forced in an experiment: 0.30 kept, 0.26 columns), nor on the
+    // AVX2 walker (the same within 0.02 there).
     if (n == 8 && (per_set < l1d_ways() || (Pol::kPlain > 0 && W == 16 && sets == 2)))
       return ColumnWalk::kColumns;
     // Blocks of 32 float32 rows exactly 2 KiB apart (AVX-512, 12 ways or more): columns_at_2k.
