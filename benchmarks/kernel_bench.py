@@ -14,6 +14,7 @@ blocked along the channels, as there.
     ort-mx-bench --kernel --nchwc --input hardswish         # inputs with -0, as after Hardswish
     MXOPS_CPU_ISA=avx2 ort-mx-bench --kernel                # another SIMD path
     ort-mx-bench --kernel --nchwc --input-divisor 6         # each element divided by 6 first
+    ort-mx-bench --kernel --in-place                        # the output written over the input
     ort-mx-bench --kernel --other-native old/ort_mx_ops/_native.cpython-311-x86_64-linux-gnu.so
 
 The negation loop is compiled for the baseline instruction set, as onnxruntime's ``Neg`` is;
@@ -95,12 +96,13 @@ def block_configs() -> list[str]:
 def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
         nchwc_block: int = 0, rounds: int = 200, seed: int = 0,
         input_kind: str = "normal", input_divisor: int = 0,
-        native: ModuleType | None = None) -> list[dict]:
+        native: ModuleType | None = None, in_place: bool = False) -> list[dict]:
     """Time each configuration on ``shapes`` ([1, C, H, W] float32 tensors of the input
     ``input_kind`` (see :func:`activation`), blocked along C; with ``nchwc_block`` the channels are rounded up to a multiple of it and
     the kernel reads the NCHWc memory order; with ``input_divisor`` the op's attribute of that
     name, each element divided by it as the kernel loads it; ``native``: the ``_native`` module
-    to time, this package's by default). Returns one row per configuration: totals and
+    to time, this package's by default; ``in_place``: the kernel writes its output over its
+    input, as a node that onnxruntime runs in place, the input copied back before each call). Returns one row per configuration: totals and
     per-shape seconds (best calls) of the kernel and of the negation loop, and the fraction
     of the arrays' copies that Linux put on 2 MiB pages (where all of it, the arrays take
     the same cache sets in every run)."""
@@ -123,8 +125,15 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
             attrs["nchwc_block"] = nchwc_block
         if input_divisor:
             attrs["input_divisor"] = input_divisor
-        kernel, neg, huge = native.time_block_op(spec.op, [t for _, _, t in tensors], attrs,
-                                                  rounds)
+        arrays = [t for _, _, t in tensors]
+        if in_place:  # (only then: a build from before the option takes the call without it)
+            try:
+                kernel, neg, huge = native.time_block_op(spec.op, arrays, attrs, rounds, in_place=True)
+            except TypeError:
+                raise ValueError("this _native build's time_block_op has no in_place (a build "
+                                 "from before the option)") from None
+        else:
+            kernel, neg, huge = native.time_block_op(spec.op, arrays, attrs, rounds)
         per_shape = [{"shape": list(shape), "count": count, "kernel_s": k, "neg_s": n,
                       "x_neg": n / k}
                      for (shape, count, _), k, n in zip(tensors, kernel, neg)]
@@ -205,6 +214,7 @@ def markdown(doc: dict) -> str:
              f"- {m['cpu']}; SIMD path {doc['isa']}; one thread; best of {o['rounds']} calls "
              f"per array; nchwc_block {o['nchwc_block']}; input {o.get('input', 'normal')}"
              + (f" divided by {o['input_divisor']}" if o.get("input_divisor") else "")
+             + ("; in place (the output over the input)" if o.get("in_place") else "")
              + harness.load_average_phrase(m)
              + f"; arrays on 2 MiB pages: {_huge_pages(doc['results'])}; {m['time']}", "",
              "| config | elements | ours µs | ours el/ns | Neg µs | Neg el/ns | ×Neg |",
@@ -253,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-divisor", type=int, default=0, metavar="D",
                    help="the op's input_divisor attribute: each element divided by D as the "
                         "kernel loads it (as a Div by D before the node; default: none)")
+    p.add_argument("--in-place", action="store_true",
+                   help="the kernel writes its output over its input, as a node that "
+                        "onnxruntime runs in place (the input copied back before each call)")
     p.add_argument("--other-native", default=None, metavar="PATH",
                    help="another build's _native extension module (ort_mx_ops/_native*.so of "
                         "another checkout), timed in alternating rounds with this one")
@@ -296,15 +309,18 @@ def main(argv: list[str] | None = None) -> int:
     from ort_mx_ops import _native
 
     kwargs = dict(nchwc_block=block, rounds=args.rounds, input_kind=args.input,
-                  input_divisor=args.input_divisor)
-    if other is not None:
-        results = compare(configs, shapes, other, args.alternations, **kwargs)
-    else:
-        results = run(configs, shapes, **kwargs)
+                  input_divisor=args.input_divisor, in_place=args.in_place)
+    try:
+        if other is not None:
+            results = compare(configs, shapes, other, args.alternations, **kwargs)
+        else:
+            results = run(configs, shapes, **kwargs)
+    except ValueError as e:
+        raise SystemExit(f"ort-mx-bench --kernel: {e}") from None
     doc = {"machine": harness.machine_info(), "isa": _native.cpu_isa(),
            "options": {"configs": configs, "shapes": [[list(s), n] for s, n in shapes],
                        "nchwc_block": block, "rounds": args.rounds, "input": args.input,
-                       "input_divisor": args.input_divisor,
+                       "input_divisor": args.input_divisor, "in_place": args.in_place,
                        "other_native": args.other_native,
                        "alternations": args.alternations if other is not None else None,
                        "per_shape": args.per_shape},

@@ -20,11 +20,12 @@ from test_nchwc_kernel import _stored
 
 ISAS = ["scalar", "avx2", "avx512"]
 
-# Blocked axis innermost (chunks with tails), outer with rows 280 B apart (column walk), 2 KiB
-# (row walk for 16 and 32 rows, kept columns for sub-blocks on a 12-way L1, kept or plain
-# columns for 8), 4 KiB (row walk, kept tile), and a middle axis.
-SHAPES = [((3, 517), 1), ((2, 40, 37), 1), ((48, 70), 0), ((64, 512), 0), ((40, 1024), 0),
-          ((96, 512), 0), ((2, 19, 3, 17), 1)]
+# Blocked axis innermost (chunks with tails), outer with rows 280 B apart (column walk), 1 KiB
+# (plain columns in place, where the output's own lines would have sent 32 rows to the kept
+# columns), 2 KiB (row walk for 16 and 32 rows, kept columns for sub-blocks on a 12-way L1,
+# kept or plain columns for 8), 4 KiB (row walk, kept tile), and a middle axis.
+SHAPES = [((3, 517), 1), ((2, 40, 37), 1), ((48, 70), 0), ((64, 256), 0), ((64, 512), 0),
+          ((40, 1024), 0), ((96, 512), 0), ((2, 19, 3, 17), 1)]
 
 
 def _in_place(op: str, x: np.ndarray, dtype: str, attrs: dict) -> np.ndarray:

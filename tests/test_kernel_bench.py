@@ -67,6 +67,37 @@ def test_time_block_op_refuses_bad_input():
     assert all(t > 0 for t in kernel + neg) and 0.0 <= huge <= 1.0
 
 
+def test_time_block_op_in_place(tmp_path, monkeypatch):
+    """in_place times the kernel writing over its input (the output's buffer filled with the
+    array first); --in-place passes it on every call and the report says so; a build without
+    the option is refused with a message."""
+    x = np.random.default_rng(3).standard_normal((1, 64, 1, 256)).astype(np.float32)
+    attrs = dict(CONFIGS["MXINT8"].attrs, axis=1)
+    kernel, neg, _ = _native.time_block_op("MX", [x], attrs, 2, in_place=True)
+    assert kernel[0] > 0 and neg[0] > 0
+    seen = []
+    real = _native.time_block_op
+
+    def spy(op, xs, attrs, rounds, in_place=False):
+        seen.append(in_place)
+        return real(op, xs, attrs, rounds, in_place=in_place)
+
+    monkeypatch.setattr(_native, "time_block_op", spy)
+    assert cli.main(["--kernel", "--configs", "MXINT8,BFP16", "--shapes", "32x2x16", "--rounds",
+                     "2", "--in-place", "--out", str(tmp_path), "--quiet"]) == 0
+    assert seen == [True, True]
+    assert json.loads((tmp_path / "kernel_results.json").read_text())["options"]["in_place"]
+    assert "in place" in (tmp_path / "kernel_results.md").read_text()
+
+    def old_build(op, xs, attrs, rounds):
+        return real(op, xs, attrs, rounds)
+
+    monkeypatch.setattr(_native, "time_block_op", old_build)
+    with pytest.raises(SystemExit, match="no in_place"):
+        cli.main(["--kernel", "--configs", "MXINT8", "--shapes", "32x2x16", "--rounds", "1",
+                  "--in-place", "--out", str(tmp_path), "--quiet"])
+
+
 @pytest.mark.parametrize("text, shapes", [
     ("200x2x96*4,16x3x96", [((200, 2, 96), 4), ((16, 3, 96), 1)]),
     (" 8X1X4 ", [((8, 1, 4), 1)]),

@@ -1032,9 +1032,11 @@ struct Walker {
     const int64_t lines = stride / kLine;
     const int shift = static_cast<int>(min64(__builtin_ctzll(static_cast<unsigned long long>(lines)), 6));
     const int64_t sets = kSets >> shift;
-    // the output rows in the input rows' sets: their set distance a multiple of the sets' spacing
+    // the output rows in the input rows' sets: their set distance a multiple of the sets'
+    // spacing, except in place (y == x: the output rows are the input's lines, no more of them)
     const uint64_t d = (reinterpret_cast<uintptr_t>(y) / kLine - reinterpret_cast<uintptr_t>(x) / kLine) % kSets;
-    const int64_t per_set = (n + sets - 1) / sets * (d % (uint64_t{1} << shift) == 0 ? 2 : 1);
+    const bool own_lines = static_cast<const void*>(y) != static_cast<const void*>(x);
+    const int64_t per_set = (n + sets - 1) / sets * (own_lines && d % (uint64_t{1} << shift) == 0 ? 2 : 1);
     if (sets >= 4 ? per_set <= kWays : per_set < kWays) return ColumnWalk::kColumns;
     // Blocks of 8 rows where the L1 has more ways than the 8 assumed above (12 on the Intel
     // Xeon, family 6 model 207): rows 2 KiB apart with the output in their sets fit there. BFP16,

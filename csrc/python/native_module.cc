@@ -212,11 +212,13 @@ class BenchRegion {
 // For benchmarks/kernel_bench.py: each of `rounds` rounds calls the block op once on each
 // float32 array of xs (one thread; copies of the arrays and the outputs in a BenchRegion)
 // and then the negation loop on the same array, each call timed alone, after an untimed
-// negation of the same array.
+// negation of the same array. in_place: the op computes in the output's buffer, which an
+// untimed copy of the array fills before each call (as a node that onnxruntime lets write
+// over its input); the negation loop still reads the array and writes the output.
 // Returns (kernel, negation, huge): per array, the best call's seconds, and the fraction of
 // the arrays' region on 2 MiB pages.
 py::tuple time_block_op(const std::string& op, const py::list& xs, const py::dict& attrs,
-                        int rounds) {
+                        int rounds, bool in_place) {
   try {
     const std::string op_name = op == "MX" ? "MXQuantizeDequantize" : "BFPQuantizeDequantize";
     if (op != "BFP" && op != "MX") throw InvalidArgument{"op must be \"BFP\" or \"MX\""};
@@ -259,9 +261,11 @@ py::tuple time_block_op(const std::string& op, const py::list& xs, const py::dic
           // left them (in the caches as far as they fit), as a node does after the node that
           // wrote its input: first in a round, ours would read x from where the round's other
           // arrays pushed it, and the negation loop then from the caches ours filled.
-          negate(x, c.out, c.g.num_elements);
+          if (in_place) std::memcpy(c.out, x, static_cast<size_t>(c.g.num_elements) * sizeof(float));
+          else negate(x, c.out, c.g.num_elements);
           const auto t0 = clock::now();
-          cpu::quantize_dequantize(params, DType::kFloat32, x, c.out, c.g, cpu::run_serial);
+          cpu::quantize_dequantize(params, DType::kFloat32, in_place ? c.out : x, c.out, c.g,
+                                   cpu::run_serial);
           const auto t1 = clock::now();
           negate(x, c.out, c.g.num_elements);
           const auto t2 = clock::now();
@@ -328,10 +332,11 @@ PYBIND11_MODULE(_native, m) {
         "Block quantize-dequantize of x; op is \"BFP\" or \"MX\"; attrs as the ONNX node's; "
         "in_place: the kernel computes in the result's buffer, filled with x first (tests).");
   m.def("time_block_op", &time_block_op, py::arg("op"), py::arg("xs"), py::arg("attrs"),
-        py::arg("rounds") = 100,
+        py::arg("rounds") = 100, py::arg("in_place") = false,
         "Per float32 array of xs, the best of `rounds` calls of the block op (one thread) and "
         "of a negation loop on the same array, interleaved (copies of the arrays on 2 MiB pages "
-        "where Linux grants them): two lists of seconds and the fraction on 2 MiB pages.");
+        "where Linux grants them): two lists of seconds and the fraction on 2 MiB pages. "
+        "in_place: the op computes in its output's buffer, filled with the array first.");
   m.def("cpu_isa", [] {
     try {
       return std::string(cpu::isa_name(cpu::selected_isa()));
