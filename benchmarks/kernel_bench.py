@@ -102,8 +102,9 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
     the kernel reads the NCHWc memory order; with ``input_divisor`` the op's attribute of that
     name, each element divided by it as the kernel loads it; ``native``: the ``_native`` module
     to time, this package's by default; ``in_place``: the kernel writes its output over its
-    input, as a node that onnxruntime runs in place, the input copied back before each call). Returns one row per configuration: totals and
-    per-shape seconds (best calls) of the kernel and of the negation loop, and the fraction
+    input, as a node that onnxruntime runs in place, the input copied back before each call).
+    Returns one row per configuration: totals and per-shape seconds (best calls) of the
+    kernel and of the negation loop, and the fraction
     of the arrays' copies that Linux put on 2 MiB pages (where all of it, the arrays take
     the same cache sets in every run)."""
     if native is None:
@@ -125,15 +126,16 @@ def run(configs: list[str], shapes: list[tuple[tuple[int, int, int], int]],
             attrs["nchwc_block"] = nchwc_block
         if input_divisor:
             attrs["input_divisor"] = input_divisor
-        arrays = [t for _, _, t in tensors]
-        if in_place:  # (only then: a build from before the option takes the call without it)
-            try:
-                kernel, neg, huge = native.time_block_op(spec.op, arrays, attrs, rounds, in_place=True)
-            except TypeError:
-                raise ValueError("this _native build's time_block_op has no in_place (a build "
-                                 "from before the option)") from None
-        else:
-            kernel, neg, huge = native.time_block_op(spec.op, arrays, attrs, rounds)
+        # in_place passed only when set: a build from before the option takes the call without it
+        extra = {"in_place": True} if in_place else {}
+        try:
+            kernel, neg, huge = native.time_block_op(spec.op, [t for _, _, t in tensors], attrs,
+                                                      rounds, **extra)
+        except TypeError:
+            if not in_place:
+                raise
+            raise ValueError("this _native build's time_block_op has no in_place (a build from "
+                             "before the option)") from None
         per_shape = [{"shape": list(shape), "count": count, "kernel_s": k, "neg_s": n,
                       "x_neg": n / k}
                      for (shape, count, _), k, n in zip(tensors, kernel, neg)]
