@@ -626,15 +626,14 @@ MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F>& p)
   return (r <= p.hi) & (-r >= p.lo);
 }
 
-// Written with no other constant than the params (so that a walk that computes them per
-// block keeps everything in registers): the negative x of x * 2^-kd = -0 are the bit patterns
-// 0x80000000 ... 0x80000000 + tiny, i.e. the signed ones below ntiny, where the sign goes
-// back on r = +0; Inf and NaN are the x with x - x unordered.
+// The negative x of x * 2^-kd = -0 are the bit patterns 0x80000000 ... 0x80000000 + tiny,
+// i.e. the signed ones below ntiny, and their r is +0 (|x| <= 2^(kd - 150) is below half a
+// quantum, and the clamp keeps +0): the result there is -0, so a select replaces r (two
+// vector operations, the compare and a blend, where OR-ing a shifted mask into r took three;
+// README, "Negative zeros in one select"). Inf and NaN are the x with x - x unordered.
 template <class F>
 MXOPS_HD F with_tiny_sign(F r, F x, const DirectRound<F>& p) {
-  using U = LaneU<F>;
-  const U negative_zero = select(p.ntiny > as_int(f2u(x)), splat<U>(0xffffffffu), splat<U>(0u)) << 31;
-  return u2f(f2u(r) | negative_zero);
+  return select(p.ntiny > as_int(f2u(x)), splat<F>(-0.0f), r);
 }
 
 // direct_round_element for a block known finite: the plain form, and x's sign back on the zero
