@@ -1814,11 +1814,11 @@ struct Walker {
   // pixels: otherwise GCC computed all W pixels' broadcasts (four vectors each) before the
   // branch between the forms, kept the results on the stack and read them back in each
   // form's loop, a store per vector of the output on a processor whose stores limit a walk
-  // in cache. The asm keeps each pixel's
-  // broadcasts (an index vector and a permute per parameter that the form reads) next to its
-  // rows. Measured on a 2-core Zen 4 (the walker called directly, one thread, in place,
-  // Hardswish inputs, the direction classifier's 16 NCHWc shapes): MXINT8 0.87x the time;
-  // the MXFP formats (MxDirectSigned) ran 2-4 % slower with it, so they keep the constants.
+  // in cache. The asm keeps each pixel's broadcasts (an index vector and a permute per
+  // parameter that the form reads) next to its rows. Measured on a 2-core Zen 4 (the walker
+  // called directly, one thread, in place, Hardswish inputs, the direction classifier's 16
+  // NCHWc shapes): MXINT8 0.87x the time; the MXFP formats (MxDirectSigned) ran 2-4 %
+  // slower with it, so they keep the constants.
   static MXOPS_VINL int pinned_lane(int i) {
     if constexpr (W == 16 && Pol::kPlain > 1) __asm__ volatile("" : "+r"(i));
     return i;
@@ -1859,8 +1859,8 @@ struct Walker {
       if constexpr (kPlain > 1) bmin = imin(bmin, bm);
     }
     const I amax = as_loaded_bits(L::transpose_max(a));  // lane i: pixel i's greatest magnitude
-    // (the second pass loads again: GCC kept the first pass's 2W loaded vectors for it and,
-    // with more of them than registers, stored each to the stack and read it back)
+    // (as in pixel_group: the second pass loads again; without the barrier GCC kept the first
+    // pass's kN x W loaded vectors for it and, more of them than registers, spilled each)
     __asm__ volatile("" ::: "memory");
     if (!L::all(magnitude_finite(amax))) return false;
     const I s = pol.exponent_of_magnitude(amax);
