@@ -17,10 +17,9 @@ on the blocked data directly loses both conversions:
   the same ``block_size`` consecutive channels of one pixel as in the plain layout, gathered
   from ``block_size / B`` channel groups (or, where ``block_size`` divides B, ``block_size``
   consecutive floats of one group).  Where the channel count is not a multiple of B,
-  onnxruntime's blocked tensor has padding channels up to the next multiple; a node whose
-  ``block_size`` exceeds B then also gets ``nchwc_channels`` = the real count, ignores the
-  padding and writes 0 there (what onnxruntime's ``ReorderInput`` writes).  With a smaller
-  ``block_size`` it keeps its conversions (measured slower without them).
+  onnxruntime's blocked tensor has padding channels up to the next multiple; the node then
+  also gets ``nchwc_channels`` = the real count, ignores the padding and writes 0 there (what
+  onnxruntime's ``ReorderInput`` writes).
 * BF16 (``ExtendedQuantizeLinear -> ExtendedDequantizeLinear``, or our one-node
   ``BF16QuantizeDequantize``) with a per-tensor scale and zero point: elementwise, runs on the
   blocked tensor as it is.
@@ -40,8 +39,8 @@ kernels refuse the attribute); the model's metadata records the onnxruntime vers
 was made for.  :func:`inference_session` makes it in memory where the model runs, so the
 file shipped stays the portable quantized model.  Nodes of ours that keep their conversions,
 with why, are listed in the report: a ``block_size`` that is neither a multiple nor a divisor
-of B, BF16 nodes and nodes with ``block_size`` <= B on channel counts that are not multiples
-of B, a node read outside the layout.
+of B, BF16 nodes on channel counts that are not multiples of B, a node read outside the
+layout.
 """
 from __future__ import annotations
 
@@ -263,19 +262,14 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
                 report.kept.append(f"{label}: sub_block_size {sub} straddles NCHWc blocks "
                                    f"of {block}")
                 continue
-            if channels % block and bs <= block:
-                # The padding fills whole blocks (BFP16's 8 of 16 lanes) or half of each block
-                # (MX9's 16), zeros the kernel walks like the rest: measured slower than the
-                # conversions (classifier, B = 16: BFP16 1.18 -> 1.24x the float model, MX9
-                # 1.17 -> 1.18), when BFP16's all-zero blocks also refused the fast form. Since
-                # 45b8927 they take it (block_walker.h, exponent_of_magnitude_or_one); not
-                # measured again at B = 16 yet (README, "An Intel Xeon with AVX-512").
-                report.kept.append(f"{label}: {channels} channels, not a multiple of the NCHWc "
-                                   f"block {block}, in blocks of {bs} (at most {block})")
-                continue
             a["axis"] = 1
             a["nchwc_block"] = block
-            if channels % block:  # onnxruntime's blocked tensor has padding channels past these
+            if channels % block:
+                # onnxruntime's blocked tensor has padding channels past these. Also for blocks
+                # of at most B (BFP16 and MX9 with B = 16): measured faster than keeping the
+                # conversions since the all-zero blocks take the fast form (45b8927): the
+                # classifier's 8- and 24-channel nodes, README "Padding channels in blocks of
+                # at most B".
                 a["nchwc_channels"] = channels
             new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
                                     name=node.name, **a)]

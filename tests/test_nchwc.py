@@ -130,16 +130,16 @@ def test_fixed_shapes(tmp_path, config, hw):
 def test_channels_not_a_multiple_of_the_block(tmp_path, config):
     """onnxruntime pads a blocked tensor's channels to the next multiple of B: 12 channels with
     AVX2's blocks of 8, 24 with AVX-512's blocks of 16 (which reads 12-channel tensors in NCHW).
-    A BFP / MX node between two convolutions whose block_size exceeds B reads the padded
-    tensor, with nchwc_channels the real count; a BF16 node, or one with smaller blocks, keeps
-    its conversions. The outputs keep every bit, special values included."""
+    A BFP / MX node between two convolutions reads the padded tensor, with nchwc_channels the
+    real count, whether its blocks are larger than B or not; a BF16 node keeps its conversions.
+    The outputs keep every bit, special values included."""
     channels = (24, 24, 24) if BLOCK == 16 else (12, 12, 12)
     q = str(tmp_path / "q.onnx")
     quantize_model(_cnn(tmp_path / "m.onnx", channels=channels), q, config)
     out = str(tmp_path / "q_nchwc.onnx")
     report = nchwc.optimize_nchwc(q, out)
     if channels[0] % BLOCK:
-        if config == "BF16" or formats.CONFIGS[config].attrs["block_size"] <= BLOCK:
+        if config == "BF16":
             assert report.rewritten == [] and report.reorders_after == report.reorders_before
             assert any("not a multiple" in k for k in report.kept), report.kept
         else:
@@ -205,7 +205,7 @@ def _classifier() -> str:
                         "ch_ppocr_mobile_v2.0_cls_infer.onnx")
 
 
-@pytest.mark.parametrize("config", ["MX9", "MXFP8E4M3", "MXINT8"])
+@pytest.mark.parametrize("config", ["BFP16", "MX9", "MXFP8E4M3", "MXINT8"])
 def test_classifier_bit_identical_with_fewer_conversions(tmp_path, config):
     """rapidocr's text-direction classifier (MobileNetV3): every node of ours between two
     NCHWc convolutions reads the blocked tensor (nchwc_block = B), so the layout conversions
@@ -222,10 +222,9 @@ def test_classifier_bit_identical_with_fewer_conversions(tmp_path, config):
     assert lanes == [BLOCK] * len(report.rewritten)
     real = [helper.get_attribute_value(a) for n in onnx.load(out).graph.node
             for a in n.attribute if a.name == "nchwc_channels"]
-    if formats.CONFIGS[config].attrs["block_size"] > BLOCK:
-        assert not [k for k in report.kept if "not a multiple" in k], report.kept
-        if BLOCK == 16:  # its 8- and 24-channel tensors, padded in onnxruntime's blocked layout
-            assert sorted(set(real)) == [8, 24], real
+    assert not [k for k in report.kept if "not a multiple" in k], report.kept
+    if BLOCK == 16:  # its 8- and 24-channel tensors, padded in onnxruntime's blocked layout
+        assert sorted(set(real)) == [8, 24], real
     else:
         assert real == []
     fixed_report = nchwc.optimize_nchwc(q, fixed, {"x": [1, 3, 48, 192]})
