@@ -266,10 +266,10 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
             a["nchwc_block"] = block
             if channels % block:
                 # onnxruntime's blocked tensor has padding channels past these. Also for blocks
-                # of at most B (BFP16 and MX9 with B = 16): measured faster than keeping the
-                # conversions since the all-zero blocks take the fast form (45b8927): the
-                # classifier's 8- and 24-channel nodes, README "Padding channels in blocks of
-                # at most B".
+                # of at most B (BFP16 and MX9 with B = 16), where the padding fills whole or
+                # half blocks: all-zero blocks take the fast form (45b8927), and on the
+                # classifier's 8- and 24-channel nodes this measured no slower than keeping
+                # the conversions (README "Padding channels in blocks of at most B").
                 a["nchwc_channels"] = channels
             new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
                                     name=node.name, **a)]
