@@ -137,9 +137,12 @@ _NCHWC_CHANNELS = AttrSpec("nchwc_channels", "int", 0, 0, None)
 # float32) before the op quantizes it, as a Div node before the op would (0: not divided).
 MAX_INPUT_DIVISOR = 1 << 24
 _INPUT_DIVISOR = AttrSpec("input_divisor", "int", 0, 0, MAX_INPUT_DIVISOR)
-# Attributes that describe a node's tensor (where its blocks lie, what it is divided by
+# Our extension: 1: each float32 element x is replaced by x * clip(x + 3, 0, 6) first (the
+# numerator of an exported hard-swish), before input_divisor; 0: the input as it is.
+_INPUT_HARDSWISH = AttrSpec("input_hardswish", "int", 0, 0, 1)
+# Attributes that describe a node's tensor (where its blocks lie, what is computed from it
 # first), not a number format.
-LAYOUT_ATTRS = ("axis", "nchwc_block", "nchwc_channels", "input_divisor")
+LAYOUT_ATTRS = ("axis", "nchwc_block", "nchwc_channels", "input_divisor", "input_hardswish")
 
 _BFP_ATTRS = (
     AttrSpec("bfp_method", "string", "to_bfp", allowed=tuple(BFP_METHODS)),
@@ -156,6 +159,7 @@ _BFP_ATTRS = (
     _NCHWC_BLOCK,
     _NCHWC_CHANNELS,
     _INPUT_DIVISOR,
+    _INPUT_HARDSWISH,
 )
 _MX_ATTRS = (
     AttrSpec("element_dtype", "string", "int8", allowed=tuple(MX_ELEMENT_FORMATS)),
@@ -165,6 +169,7 @@ _MX_ATTRS = (
     _NCHWC_BLOCK,
     _NCHWC_CHANNELS,
     _INPUT_DIVISOR,
+    _INPUT_HARDSWISH,
 )
 
 _CANONICAL = [

@@ -31,7 +31,7 @@ _ONNX_TYPES = {"int": AttributeProto.INT, "string": AttributeProto.STRING,
 # may only be 0 (it acted when the weight was folded).
 _PACKED = {"MXDequantize": "MXQuantizeDequantize", "BFPDequantize": "BFPQuantizeDequantize"}
 _PACKED_UNUSED = {"rounding_mode", "use_compiler_version_cpu_kernel", "nchwc_block",
-                  "nchwc_channels", "input_divisor"}
+                  "nchwc_channels", "input_divisor", "input_hardswish"}
 _PACKED_ONLY = {a.name: a for a in (AttrSpec("shape", "ints", None),
                                     AttrSpec("convert_to_bfloat_before_bfp", "int", 0, 0, 0))}
 

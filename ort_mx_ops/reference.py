@@ -238,6 +238,24 @@ def _divided(x: np.ndarray, dtype: str | None, divisor: int, op: str) -> np.ndar
         return _with_x86_nan((x / d).astype(F32), x, d)
 
 
+def _hardswished(x: np.ndarray, dtype: str | None, on: int, op: str) -> np.ndarray:
+    """``input_hardswish = 1`` (docs/formats.md, "Hard-swish before the blocks"): each
+    element of float32 ``x`` replaced by ``x * clip(x + 3, 0, 6)``, each step rounded to
+    float32, with the NaN an x86 processor gives (a NaN x quieted; -Inf gives 0 x -Inf's
+    NaN); 0: ``x`` itself."""
+    if not on:
+        return x
+    x = np.asarray(x)
+    if _dtype_name(x, dtype) != "float32":
+        raise ValueError(f"{op}: input_hardswish (1) needs a float32 input; allowed for "
+                         f"{_dtype_name(x, dtype)}: 0")
+    x = x.astype(F32, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = _with_x86_nan((x + F32(3)).astype(F32), x, F32(3))
+        c = np.where(t < 0, F32(0), np.where(t > 6, F32(6), t)).astype(F32)  # NaN stays t
+        return _with_x86_nan((x * c).astype(F32), x, c)
+
+
 # --------------------------------------------------------------------------------------
 # BFP and microexponents (docs/formats.md, "BFP" and "Microexponents")
 # --------------------------------------------------------------------------------------
@@ -298,7 +316,7 @@ def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
     ``attrs`` are the node's attributes (``bfp_method``, ``axis``, ``bit_width``,
     ``block_size``, ``rounding_mode``, ``sub_block_size``, ``sub_block_shift_bits``,
     ``convert_to_bfloat_before_bfp``, ``nchwc_block``, ``nchwc_channels``,
-    ``input_divisor``); missing ones
+    ``input_divisor``, ``input_hardswish``); missing ones
     take the defaults of ``ort_mx_ops.formats.OPS``, and invalid ones raise ``ValueError`` as
     the native op does."""
     a = resolve_attrs("BFPQuantizeDequantize", attrs)
@@ -315,6 +333,7 @@ def bfp_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
                                         rounding_mode)
     prepare = bf16_round if a["convert_to_bfloat_before_bfp"] else (lambda v: v)
     granule = sub_block_size if method == "to_bfp_prime" else 1
+    x = _hardswished(x, dtype, a["input_hardswish"], "BFPQuantizeDequantize")
     x = _divided(x, dtype, a["input_divisor"], "BFPQuantizeDequantize")
     return _in_nchwc(x, a["nchwc_block"], axis, "BFPQuantizeDequantize", lambda v: _run_blocked(
         v, dtype, axis, block_size, per_block, prepare, granule), a["nchwc_channels"])
@@ -357,12 +376,13 @@ def mx_quantize_dequantize(x: np.ndarray, dtype: str | None = None,
     """``MXQuantizeDequantize`` / ``MXFixNeuron``: OCP microscaling with an E8M0 shared
     scale and the named element type.  ``attrs`` (``element_dtype``, ``axis``,
     ``block_size``, ``rounding_mode``, ``nchwc_block``, ``nchwc_channels``,
-    ``input_divisor``) default and
+    ``input_divisor``, ``input_hardswish``) default and
     validate as in
     ``ort_mx_ops.formats.OPS``."""
     a = resolve_attrs("MXQuantizeDequantize", attrs)
     fmt = MX_ELEMENT_FORMATS[a["element_dtype"]]
     axis, block_size, rounding_mode = a["axis"], a["block_size"], a["rounding_mode"]
+    x = _hardswished(x, dtype, a["input_hardswish"], "MXQuantizeDequantize")
     x = _divided(x, dtype, a["input_divisor"], "MXQuantizeDequantize")
     return _in_nchwc(x, a["nchwc_block"], axis, "MXQuantizeDequantize", lambda v: _run_blocked(
         v, dtype, axis, block_size, lambda b: _mx_blocks(b, fmt, rounding_mode)),

@@ -28,6 +28,9 @@ on the blocked data directly loses both conversions:
   else reads takes that Div's input and ``input_divisor`` (docs/formats.md, "A divisor
   before the blocks"): it divides each element as the Div did, then quantizes, one pass over
   the tensor where there were two.
+* Then a BFP / MX node whose input is hard-swish's numerator ``Mul(x, Clip(Add(x, 3), 0,
+  6))``, its three tensors read by nothing else, takes ``x`` and ``input_hardswish``
+  (docs/formats.md, "Hard-swish before the blocks"): three nodes fewer.
 
 Every quantized value is computed from the same block of the same values in the same order,
 so the outputs are bit-identical to the same quantized model run normally (the tests check it).
@@ -80,6 +83,8 @@ class NchwcReport:
     reorders_after: int = 0
     # Div nodes whose division our node after them now does (input_divisor)
     divisions_fused: list[str] = field(default_factory=list)
+    # Add -> Clip -> Mul chains (hard-swish's numerator) our node now computes (input_hardswish)
+    hardswish_fused: list[str] = field(default_factory=list)
 
 
 def _ort():
@@ -337,6 +342,84 @@ def _fuse_divisions(model: onnx.ModelProto, report: NchwcReport) -> None:
     g.node.extend(kept)
 
 
+def _float32_constant(g: onnx.GraphProto, name: str) -> Optional[np.ndarray]:
+    """The value of ``name`` where it is a float32 initializer of rank 0 or one element of
+    rank 1, else None."""
+    for t in g.initializer:
+        if t.name == name:
+            if t.data_type != onnx.TensorProto.FLOAT or len(t.dims) > 1 or int(np.prod(t.dims)) != 1:
+                return None
+            return numpy_helper.to_array(t).reshape(())
+    return None
+
+
+def _is_exactly(v: Optional[np.ndarray], value: float) -> bool:
+    """Whether float32 ``v`` has exactly the bits of ``value`` (so 0 means +0, not -0)."""
+    return v is not None and np.float32(v).tobytes() == np.float32(value).tobytes()
+
+
+def _clip_bounds(g: onnx.GraphProto, clip: onnx.NodeProto) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """A Clip node's (min, max) as float32 scalars: its constant inputs (opset 11 on) or
+    its attributes (before), None where either is missing or not a constant."""
+    if len(clip.input) >= 3 and clip.input[1] and clip.input[2]:
+        lo, hi = _float32_constant(g, clip.input[1]), _float32_constant(g, clip.input[2])
+        return None if lo is None or hi is None else (lo, hi)
+    a = _attrs(clip)
+    if len(clip.input) == 1 and "min" in a and "max" in a:
+        return np.float32(a["min"]), np.float32(a["max"])
+    return None
+
+
+def _fuse_hardswish(model: onnx.ModelProto, report: NchwcReport) -> None:
+    """Every BFP / MX node of ours whose input is ``Mul(x, Clip(Add(x, 3), 0, 6))`` (either
+    operand order; hard-swish's numerator, which ``_fuse_divisions`` leaves before a node that
+    took the ``/ 6``), each intermediate tensor read by nothing else, takes ``x`` and the
+    attribute ``input_hardswish`` (docs/formats.md, "Hard-swish before the blocks"): the node
+    computes the three steps as those nodes did, float32 rounding at each, then quantizes, so
+    the outputs keep every bit and the model loses three nodes and their passes over the
+    tensor. The constants must be float32 3, +0 and 6 exactly."""
+    g = model.graph
+    producer, consumers, outputs = _graph_index(g)
+
+    def private(name: str) -> bool:  # read by one node, not a graph output
+        return len(consumers[name]) == 1 and name not in outputs
+
+    def standard(n: Optional[onnx.NodeProto], op: str) -> bool:
+        return n is not None and n.op_type == op and n.domain in ("", "ai.onnx")
+
+    drop: set[int] = set()
+    for node in g.node:
+        if node.domain not in _OUR_DOMAINS or node.op_type not in BLOCK_OPS:
+            continue
+        if int(_attrs(node).get("input_hardswish", 0)):
+            continue
+        mul = producer.get(node.input[0])
+        if not standard(mul, "Mul") or not private(mul.output[0]) or len(mul.input) != 2:
+            continue
+        for x, c in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+            clip = producer.get(c)
+            if not standard(clip, "Clip") or not private(c):
+                continue
+            bounds = _clip_bounds(g, clip)
+            if bounds is None or not (_is_exactly(bounds[0], 0.0) and _is_exactly(bounds[1], 6.0)):
+                continue
+            add = producer.get(clip.input[0])
+            if not standard(add, "Add") or not private(add.output[0]) or len(add.input) != 2:
+                continue
+            others = [i for i in add.input if i != x]
+            if len(others) != 1 or not _is_exactly(_float32_constant(g, others[0]), 3.0):
+                continue
+            node.input[0] = x
+            node.attribute.append(helper.make_attribute("input_hardswish", 1))
+            drop.update((id(mul), id(clip), id(add)))
+            report.hardswish_fused.append(f"{node.op_type} {node.name!r}: Add {add.name!r}, "
+                                          f"Clip {clip.name!r}, Mul {mul.name!r}")
+            break
+    kept = [n for n in g.node if id(n) not in drop]
+    del g.node[:]
+    g.node.extend(kept)
+
+
 def _optimized_model(model_path: str, input_shapes: Optional[dict[str, list[int]]]
                      ) -> tuple[onnx.ModelProto, NchwcReport]:
     """``model_path`` optimised by onnxruntime for this CPU and rewritten (in memory), and the
@@ -353,6 +436,7 @@ def _optimized_model(model_path: str, input_shapes: Optional[dict[str, list[int]
     if not block:
         report.kept.append("onnxruntime does not use the NCHWc layout on this CPU")
     _fuse_divisions(model, report)
+    _fuse_hardswish(model, report)
     meta = {p.key: p for p in model.metadata_props}
     value = f"onnxruntime {ort.__version__}; NCHWc block {block}"
     if METADATA_KEY in meta:
@@ -428,8 +512,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     print(f"NCHWc block {r.block}: {len(r.rewritten)} of our nodes moved into the blocked "
           f"layout; layout conversions {r.reorders_before} -> {r.reorders_after}; "
-          f"{len(r.kept)} kept their conversions; {len(r.divisions_fused)} Div nodes taken "
-          "into the node after them")
+          f"{len(r.kept)} kept their conversions; {len(r.divisions_fused)} Div nodes and "
+          f"{len(r.hardswish_fused)} hard-swish numerators (Add, Clip, Mul) taken into the "
+          "node after them")
     for k in r.kept:
         print(f"  kept: {k}")
     return 0

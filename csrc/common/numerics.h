@@ -108,6 +108,16 @@ MXOPS_HD I imax(I a, I b) { return a > b ? a : b; }
 template <class I>
 MXOPS_HD I imin(I a, I b) { return a < b ? a : b; }
 
+// input_hardswish (params.h): hard-swish's numerator x * clip(x + 3, 0, 6), each step rounded
+// to float32 as an exported hard-swish's Add, Clip and Mul compute it. A NaN t passes the clip
+// unchanged, so a NaN x gives x quieted, whatever a Clip node does with NaN (the Mul by x
+// gives x's NaN either way); -Inf gives NaN (-Inf * 0), as the nodes do.
+MXOPS_HD float hardswish_numerator(float x) {
+  const float t = x + 3.0f;
+  const float c = t < 0.0f ? 0.0f : (t > 6.0f ? 6.0f : t);
+  return x * c;
+}
+
 // e(x): the biased float32 exponent field, 0..255.
 template <class U>
 MXOPS_HD LaneI<U> exponent_field(U u) { return as_int((u >> 23) & 0xffu); }

@@ -30,6 +30,9 @@ PackedOp parse_packed_op(const std::string& op, bool mx, const AttributeSource& 
   if (q.input_divisor != 0)
     throw InvalidArgument{op + ": attribute 'input_divisor' does not apply to packed weights; "
                           "allowed: 0"};
+  if (q.input_hardswish)
+    throw InvalidArgument{op + ": attribute 'input_hardswish' does not apply to packed "
+                          "weights; allowed: 0"};
   const Geometry g = make_geometry(op, shape, q.axis);
   PackedParams& pp = p.params;
   pp.mx = mx;

@@ -116,6 +116,13 @@ AttrSpec input_divisor_attr() {
                   "element is divided by first");
 }
 
+// Our extension: hard-swish's numerator x * clip(x + 3, 0, 6) first (0: the input as it is).
+AttrSpec input_hardswish_attr() {
+  return int_attr("input_hardswish", 0, 0, 1,
+                  "0 (the input as it is) or 1 (each element x replaced by "
+                  "x * min(max(x + 3, 0), 6) first)");
+}
+
 }  // namespace
 
 const std::vector<AttrSpec>& attributes_of(OpKind kind) {
@@ -134,6 +141,7 @@ const std::vector<AttrSpec>& attributes_of(OpKind kind) {
       nchwc_block_attr(),
       nchwc_channels_attr(),
       input_divisor_attr(),
+      input_hardswish_attr(),
   };
   static const std::vector<AttrSpec> mx = {
       string_attr("element_dtype", "int8", mx_format_names()),
@@ -143,6 +151,7 @@ const std::vector<AttrSpec>& attributes_of(OpKind kind) {
       nchwc_block_attr(),
       nchwc_channels_attr(),
       input_divisor_attr(),
+      input_hardswish_attr(),
   };
   static const std::vector<AttrSpec> linear = {int_attr("axis", 1)};
   switch (kind) {
@@ -277,6 +286,7 @@ QdqParams parse_block_attributes(OpKind kind, const std::string& op, const Attri
   p.nchwc_block = static_cast<int>(nchwc);
   p.nchwc_channels = r.checked_int("nchwc_channels");
   p.input_divisor = r.checked_int("input_divisor");
+  p.input_hardswish = r.checked_int("input_hardswish") != 0;
   if (p.nchwc_channels > 0 && nchwc == 0)
     fail(op, "nchwc_channels", std::to_string(p.nchwc_channels),
          "0 without nchwc_block (it counts the real channels of an NCHWc input)");

@@ -44,6 +44,12 @@ struct QdqParams {
   // does what a Div by a constant followed by the op does, with the same bits (CPU kernels,
   // float32 inputs only; docs/formats.md, "A divisor before the blocks").
   int64_t input_divisor = 0;
+  // input_hardswish (our extension): each element x is first replaced by
+  // x * min(max(x + 3, 0), 6), every step rounded to float32 as the Add, Clip and Mul nodes of
+  // an exported hard-swish compute it (a NaN stays that NaN, quieted), then divided by
+  // input_divisor where set (CPU kernels, float32 inputs only; docs/formats.md, "Hard-swish
+  // before the blocks").
+  bool input_hardswish = false;
 };
 
 // ------------------------------------------------------------------------------------------

@@ -384,6 +384,16 @@ void quantize_dequantize_padded(const QdqParams& p, DType t, const void* x, void
   }
 }
 
+// input_hardswish: y[i] = hardswish_numerator(x[i]) (numerics.h) for i in [0, n); x may be y.
+// Compiled for AVX-512 and AVX2 too, the widest this processor runs picked at load time; the
+// same bits in each (additions, comparisons and products of float32, no contraction).
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void hardswish_numerators(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = hardswish_numerator(x[i]);
+}
+
 }  // namespace
 
 void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, const Geometry& g,
@@ -392,6 +402,21 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
   if (p.input_divisor != 0 && t != DType::kFloat32)
     throw InvalidArgument{"attribute 'input_divisor' = " + std::to_string(p.input_divisor) +
                           " needs a float32 input; allowed for float16 and bfloat16: 0"};
+  if (p.input_hardswish) {
+    // Hard-swish's numerator into the output (the Add, Clip and Mul nodes it replaces wrote
+    // three tensors), then the op on the output in place, as on any input it may overwrite.
+    if (t != DType::kFloat32)
+      throw InvalidArgument{"attribute 'input_hardswish' = 1 needs a float32 input; allowed "
+                            "for float16 and bfloat16: 0"};
+    const auto* xf = static_cast<const float*>(x);
+    auto* yf = static_cast<float*>(y);
+    for_each_chunk(g.num_elements, run, [&](int64_t begin, int64_t end) {
+      hardswish_numerators(xf + begin, yf + begin, end - begin);
+    });
+    QdqParams rest = p;
+    rest.input_hardswish = false;
+    return quantize_dequantize(rest, t, y, y, g, run);
+  }
   if (g.padding.real > 0) return quantize_dequantize_padded(p, t, x, y, g, run);
   if (g.identity) {
     if (p.input_divisor != 0) {  // X / d, returned unchanged as any one-element tensor

@@ -77,6 +77,9 @@ std::string launch_quantize_dequantize(const QdqParams& params, DType t, const v
   if (params.input_divisor != 0)
     return "attribute 'input_divisor' = " + std::to_string(params.input_divisor) +
            " is for the CPU kernels only; allowed on " + execution_provider() + ": 0";
+  if (params.input_hardswish)
+    return std::string("attribute 'input_hardswish' = 1 is for the CPU kernels only; allowed on ") +
+           execution_provider() + ": 0";
   if (geometry.num_elements == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
   if (geometry.identity) {

@@ -4,7 +4,8 @@
 //
 //   static const char* provider();                  // ORT's execution provider name
 //   static constexpr bool kNchwc;                   // reads the nchwc_block layout
-//   static constexpr bool kInputDivisor;            // divides by input_divisor first
+//   static constexpr bool kInputDivisor;            // divides by input_divisor first (and
+//                                                   // takes input_hardswish)
 //   static constexpr bool kInPlace;                 // output 0 may reuse input 0's buffer
 //   static void quantize_dequantize(OrtKernelContext*, const std::string& label,
 //                                   const QdqParams&, DType, const void* x, void* y,
@@ -111,6 +112,9 @@ struct BlockKernel {
         throw InvalidArgument{label + ": attribute 'input_divisor' = " +
                               std::to_string(params.input_divisor) +
                               " needs a float32 input; allowed for float16 and bfloat16: 0"};
+      if (params.input_hardswish && t != DType::kFloat32)
+        throw InvalidArgument{label + ": attribute 'input_hardswish' = 1 needs a float32 "
+                              "input; allowed for float16 and bfloat16: 0"};
       const std::vector<int64_t> shape = info.GetShape();
       const Geometry g = make_block_geometry(label, shape, params);
       Ort::UnownedValue output = ctx.GetOutput(0, shape);
@@ -147,6 +151,10 @@ struct BlockOp : Ort::CustomOpBase<BlockOp<Backend>, BlockKernel<Backend>, true>
                               std::to_string(params.input_divisor) +
                               " is supported on CPUExecutionProvider only; allowed on " +
                               Backend::provider() + ": 0"};
+      if (params.input_hardswish && !Backend::kInputDivisor)
+        throw InvalidArgument{label + ": attribute 'input_hardswish' = 1 is supported on "
+                              "CPUExecutionProvider only; allowed on " + Backend::provider() +
+                              ": 0"};
       *kernel = new BlockKernel<Backend>{label, params};
     });
   }
