@@ -50,7 +50,8 @@ PROBLEMS = [
     ({"axis": "0"}, ["'axis' is string, expected int"]),
     ({"blocksize": 32}, ["unknown attribute 'blocksize'", "allowed: axis, block_size, "
                                                            "element_dtype, input_divisor, "
-                                                           "nchwc_block, nchwc_channels, "
+                                                           "input_hardswish, nchwc_block, "
+                                                           "nchwc_channels, "
                                                            "rounding_mode"]),
     # One character substituted: beyond what a kernel can find by asking for names.
     ({"block_sise": 32}, ["unknown attribute 'block_sise'"]),
