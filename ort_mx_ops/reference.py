@@ -223,16 +223,23 @@ def _in_nchwc(x: np.ndarray, lanes: int, axis: int, op: str,
     return np.ascontiguousarray(back).reshape(x.shape)
 
 
+def _float32_input(x: np.ndarray, dtype: str | None, attr: str, op: str) -> np.ndarray:
+    """``x`` as an array where its element type is float32, else ``ValueError`` naming
+    ``attr`` (``"name (value)"``), an attribute that applies to float32 inputs only."""
+    x = np.asarray(x)
+    if _dtype_name(x, dtype) != "float32":
+        raise ValueError(f"{op}: {attr} needs a float32 input; allowed for "
+                         f"{_dtype_name(x, dtype)}: 0")
+    return x
+
+
 def _divided(x: np.ndarray, dtype: str | None, divisor: int, op: str) -> np.ndarray:
     """``input_divisor = divisor`` (docs/formats.md, "A divisor before the blocks"): each
     element of float32 ``x`` divided by ``divisor``, correctly rounded, with the NaN an x86
     division gives (the Div node this attribute replaces runs on one); 0: ``x`` itself."""
     if not divisor:
         return x
-    x = np.asarray(x)
-    if _dtype_name(x, dtype) != "float32":
-        raise ValueError(f"{op}: input_divisor ({divisor}) needs a float32 input; allowed for "
-                         f"{_dtype_name(x, dtype)}: 0")
+    x = _float32_input(x, dtype, f"input_divisor ({divisor})", op)
     d = F32(divisor)
     with np.errstate(invalid="ignore"):
         return _with_x86_nan((x / d).astype(F32), x, d)
@@ -245,11 +252,7 @@ def _hardswished(x: np.ndarray, dtype: str | None, on: int, op: str) -> np.ndarr
     NaN); 0: ``x`` itself."""
     if not on:
         return x
-    x = np.asarray(x)
-    if _dtype_name(x, dtype) != "float32":
-        raise ValueError(f"{op}: input_hardswish (1) needs a float32 input; allowed for "
-                         f"{_dtype_name(x, dtype)}: 0")
-    x = x.astype(F32, copy=False)
+    x = _float32_input(x, dtype, "input_hardswish (1)", op).astype(F32, copy=False)
     with np.errstate(invalid="ignore", over="ignore"):
         t = _with_x86_nan((x + F32(3)).astype(F32), x, F32(3))
         c = np.where(t < 0, F32(0), np.where(t > 6, F32(6), t)).astype(F32)  # NaN stays t

@@ -297,6 +297,23 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
     return report
 
 
+def _is_standard(node: Optional[onnx.NodeProto], op_type: str) -> bool:
+    """Whether ``node`` is an ONNX-domain node of ``op_type``."""
+    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _read_once(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> bool:
+    """Whether tensor ``name`` is read by one node and is not a graph output."""
+    return len(consumers[name]) == 1 and name not in outputs
+
+
+def _drop_nodes(g: onnx.GraphProto, drop: set[int]) -> None:
+    """Remove the nodes whose ``id`` is in ``drop``, keeping the others' order."""
+    kept = [n for n in g.node if id(n) not in drop]
+    del g.node[:]
+    g.node.extend(kept)
+
+
 def _integer_divisor(g: onnx.GraphProto, name: str) -> int:
     """The divisor a Div by ``name`` stands for as our ``input_divisor``: the integer value
     (1 .. 2^24, exact in float32) of a rank-0 float32 initializer, else 0."""
@@ -323,9 +340,7 @@ def _fuse_divisions(model: onnx.ModelProto, report: NchwcReport) -> None:
         if node.domain not in _OUR_DOMAINS or node.op_type not in BLOCK_OPS:
             continue
         div = producer.get(node.input[0])
-        if div is None or div.op_type != "Div" or div.domain not in ("", "ai.onnx"):
-            continue
-        if len(consumers[div.output[0]]) != 1 or div.output[0] in outputs:
+        if not _is_standard(div, "Div") or not _read_once(div.output[0], consumers, outputs):
             continue
         if int(_attrs(node).get("input_divisor", 0)):
             continue
@@ -337,9 +352,7 @@ def _fuse_divisions(model: onnx.ModelProto, report: NchwcReport) -> None:
         drop.add(id(div))
         report.divisions_fused.append(f"{node.op_type} {node.name!r}: Div {div.name!r} by "
                                       f"{divisor}")
-    kept = [n for n in g.node if id(n) not in drop]
-    del g.node[:]
-    g.node.extend(kept)
+    _drop_nodes(g, drop)
 
 
 def _float32_constant(g: onnx.GraphProto, name: str) -> Optional[np.ndarray]:
@@ -381,11 +394,8 @@ def _fuse_hardswish(model: onnx.ModelProto, report: NchwcReport) -> None:
     g = model.graph
     producer, consumers, outputs = _graph_index(g)
 
-    def private(name: str) -> bool:  # read by one node, not a graph output
-        return len(consumers[name]) == 1 and name not in outputs
-
-    def standard(n: Optional[onnx.NodeProto], op: str) -> bool:
-        return n is not None and n.op_type == op and n.domain in ("", "ai.onnx")
+    def private(name: str) -> bool:
+        return _read_once(name, consumers, outputs)
 
     drop: set[int] = set()
     for node in g.node:
@@ -394,17 +404,17 @@ def _fuse_hardswish(model: onnx.ModelProto, report: NchwcReport) -> None:
         if int(_attrs(node).get("input_hardswish", 0)):
             continue
         mul = producer.get(node.input[0])
-        if not standard(mul, "Mul") or not private(mul.output[0]) or len(mul.input) != 2:
+        if not _is_standard(mul, "Mul") or not private(mul.output[0]) or len(mul.input) != 2:
             continue
         for x, c in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
             clip = producer.get(c)
-            if not standard(clip, "Clip") or not private(c):
+            if not _is_standard(clip, "Clip") or not private(c):
                 continue
             bounds = _clip_bounds(g, clip)
             if bounds is None or not (_is_exactly(bounds[0], 0.0) and _is_exactly(bounds[1], 6.0)):
                 continue
             add = producer.get(clip.input[0])
-            if not standard(add, "Add") or not private(add.output[0]) or len(add.input) != 2:
+            if not _is_standard(add, "Add") or not private(add.output[0]) or len(add.input) != 2:
                 continue
             others = [i for i in add.input if i != x]
             if len(others) != 1 or not _is_exactly(_float32_constant(g, others[0]), 3.0):
@@ -415,9 +425,7 @@ def _fuse_hardswish(model: onnx.ModelProto, report: NchwcReport) -> None:
             report.hardswish_fused.append(f"{node.op_type} {node.name!r}: Add {add.name!r}, "
                                           f"Clip {clip.name!r}, Mul {mul.name!r}")
             break
-    kept = [n for n in g.node if id(n) not in drop]
-    del g.node[:]
-    g.node.extend(kept)
+    _drop_nodes(g, drop)
 
 
 def _optimized_model(model_path: str, input_shapes: Optional[dict[str, list[int]]]

@@ -192,17 +192,21 @@ def test_errors():
             with pytest.raises(ValueError, match="input_divisor"):
                 fn(np.ones((1, 32), np.float32), input_divisor=bad, **attrs)
     # float16: onnxruntime's Div would divide in float16; the attribute is for float32 only
-    node = helper.make_node(op, ["x"], ["y"], domain=formats.QUARK_DOMAIN, name="n0",
-                            input_divisor=6, **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, None)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
-    sess = make_session(helper.make_model(g, ir_version=8, opset_imports=_OPSET))
+    sess = _float16_session(op, dict(attrs, input_divisor=6))
     with pytest.raises(Exception, match="input_divisor.*float32"):
         sess.run(None, {"x": np.ones((1, 32), np.float16)})
     nat, ref = native_and_reference("MX")
     for fn in (nat, ref):
         with pytest.raises(ValueError, match="input_divisor.*float32"):
             fn(np.ones((1, 32), np.float16), input_divisor=6, **attrs)
+
+
+def _float16_session(op: str, attrs: dict) -> ort.InferenceSession:
+    """A session of one node of ours, `op` with `attrs`, on a float16 input."""
+    node = helper.make_node(op, ["x"], ["y"], domain=formats.QUARK_DOMAIN, name="n0", **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
+    return make_session(helper.make_model(g, ir_version=8, opset_imports=_OPSET))
 
 
 def _hard_swish_cnn(path: str, divisor: float = 6.0, second_reader: bool = False) -> str:

@@ -18,13 +18,10 @@ from ort_mx_ops import formats
 from ort_mx_ops.quantizer import get_config, quantize_model
 from ort_mx_ops.quantizer import nchwc
 from test_cpu_simd import _inputs, cpu_path
-from test_input_divisor import _hard_swish_cnn
+# (the configurations, CPU paths, shapes, opsets and node attributes of the input_divisor tests)
+from test_input_divisor import (CONFIGS, ISAS, SHAPES, _OPSET, _float16_session, _hard_swish_cnn,
+                                _node_attrs)
 
-CONFIGS = [name for name, spec in formats.CONFIGS.items() if spec.op != "BF16"]
-ISAS = ["scalar", "avx2", "avx512"]
-# (shape, axis): blocked axis outer (NCHW channels), innermost, a tail block, one element
-SHAPES = [((1, 48, 6, 24), 1), ((3, 96), -1), ((2, 40, 5), 1), ((1, 1), 1), ((1, 64, 1, 1), 1)]
-_OPSET = [helper.make_opsetid("", 17), helper.make_opsetid(formats.QUARK_DOMAIN, 1)]
 _F32 = np.float32
 # Values where the three steps meet their edges: -3 (t = +0), just above and below it, the
 # clip's ends (t = 0 and 6), -0, the infinities, a quiet and a signalling NaN with payloads,
@@ -42,11 +39,6 @@ def _with_edges(x: np.ndarray) -> np.ndarray:
         flat[n] = np.array(0x7FC12345, np.uint32).view(np.float32)      # quiet NaN
         flat[n + 1] = np.array(0xFF800001, np.uint32).view(np.float32)  # signalling NaN
     return flat.reshape(x.shape)
-
-
-def _node_attrs(config: str, axis: int, **extra) -> tuple[str, dict]:
-    spec = formats.FormatSpec.from_name(config)
-    return spec.op_type, dict(spec.node_attrs(axis), **extra)
 
 
 def _model(op: str, attrs: dict, nodes_first: bool, divisor: float | None = None,
@@ -167,11 +159,7 @@ def test_errors():
             with pytest.raises(ValueError, match="input_hardswish"):
                 fn(np.ones((1, 32), np.float32), input_hardswish=bad, **attrs)
     # float16: the Add, Clip and Mul would round in float16; the attribute is for float32 only
-    node = helper.make_node(op, ["x"], ["y"], domain=formats.QUARK_DOMAIN, name="n0",
-                            input_hardswish=1, **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, None)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
-    sess = make_session(helper.make_model(g, ir_version=8, opset_imports=_OPSET))
+    sess = _float16_session(op, dict(attrs, input_hardswish=1))
     with pytest.raises(Exception, match="input_hardswish.*float32"):
         sess.run(None, {"x": np.ones((1, 32), np.float16)})
     for fn in (nat, ref):
