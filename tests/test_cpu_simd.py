@@ -104,8 +104,9 @@ def _run(op, x, dtype, attrs, isa):
 # Rows 2, 4 and 8 KiB apart take the row walk for blocks of 16 and 32 rows (a [48, 2048]
 # tensor of 32-element blocks ends in a 16-row block; where the L1 has 12 ways or more, MX9's
 # sub-blocks at 2 KiB take the kept columns and, on AVX-512, MXINT8's and MXFP4E2M1's 32 rows
-# exactly 2 KiB apart the plain column pairs: takes_row_walk, columns_at_2k), the kept columns
-# for BFP16's 8 rows
+# exactly 2 KiB apart the plain column pairs: takes_row_walk, columns_at_2k; on AVX-512 with
+# an 8-way L1 on AMD's processors, MXINT8's rows 4 and 8 KiB apart the kept tile:
+# kept_tiles_at_4k), the kept columns for BFP16's 8 rows
 # (the plain column walk where the L1 has more than 8 ways and the rows fit: l1d_ways);
 # test_outer_row_walk_mixed_segments below takes the tile walks with a non-default rounding.
 @pytest.mark.parametrize("isa", ["scalar"] + ISAS)
@@ -273,7 +274,8 @@ def _row_walk_input(rows, cols, block, rng):
 @pytest.mark.parametrize("isa", ["scalar"] + ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("config", ["MXINT8", "MXFP8E4M3", "MXFP6E2M3", "MXFP4E2M1", "MX9", "MX6",
-                                    "MX4", "MXINT8 rounding_mode=1"])
+                                    "MX4", "MXINT8 rounding_mode=1", "MXINT8 block_size=16",
+                                    "MXFP4E2M1 block_size=16"])
 def test_outer_row_walk_mixed_segments(config, dtype, isa):
     name, _, extra = config.partition(" ")
     spec = formats.CONFIGS[name]
@@ -284,8 +286,9 @@ def test_outer_row_walk_mixed_segments(config, dtype, isa):
     nat, ref = native_and_reference(spec.op)
     rng = np.random.default_rng(13 * len(config) + len(dtype))
     block = attrs["block_size"]
-    # rows 2, 4 and 6 KiB apart (float32: a unit of 1024 and one of 512 columns per block) or
-    # 4 and 12 KiB (16-bit types)
+    # rows 2, 4 and 6 KiB apart (float32: a unit of 1024 and one of 512 columns per block; at
+    # 4 KiB MXINT8's plain form takes the kept tile instead where kept_tiles_at_4k, with blocks
+    # of 32 and, block_size=16, of 16 rows) or 4 and 12 KiB (16-bit types)
     if dtype == "float32":
         shapes = [(3 * block + 5, 512), (2 * block, 1024), (block + 3, 1536)]
     else:

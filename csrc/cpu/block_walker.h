@@ -168,6 +168,32 @@ MXOPS_VINL bool columns_at_2k(int64_t lanes, int64_t bs, int64_t stride_bytes, i
          intel_processor();
 }
 
+// Whether the AVX-512 walker takes the kept tile (column_walk, ColumnWalk::kKeptTile: the first
+// pass copies a tile's rows, 512 bytes of each, into a local buffer, which the second pass
+// reads) in place of the row walk (takes_row_walk) for blocks of 16 or 32 float32 rows a
+// multiple of 4 KiB apart in inputs below kPrefetchTileBytes, on AMD's processors with an
+// 8-way L1 (Zen 4); MX with integer elements (MXINT8) only: the caller.
+// A block of 32 such rows (128 KiB) does not stay in the L1 between the row walk's passes, so
+// its rows come into the L1 twice, and the output's lines a third time (their reads for
+// ownership), where a negation's loop brings two lines per line of output; the kept tile
+// brings each row once. On a 2-core Zen 4 (family 25 model 17): the walks' structure alone
+// (ort-mx-bench --walk-bound, blocks of 32, the output in the input's sets) xnegation, rows ->
+// tiles_kept: [512, 1024] 0.47 -> 0.51, [1024, 1024] 0.47 -> 0.50, [256, 2048] 0.52 -> 0.54
+// (a standalone loop with the output elsewhere: 0.59-0.63 -> 0.74-0.79); MXINT8 through onnxruntime at
+// [1024, 1024] (ort-mx-bench, two threads, xNeg, this library against the one before in the
+// same rounds, six runs, the two libraries' roles swapped in two): 0.58-0.63 -> 0.64-0.68,
+// one run 0.67 -> 0.64; the walker called directly (one thread, [1024, 1024], [512, 1024],
+// [256, 2048], [64, 1024]): 0.78-1.01x the time. Not the MXFP formats (the same measurements:
+// within +-0.02xNeg through onnxruntime, 0.90-1.04x the time directly), nor MX9 / MX6 / MX4
+// (0.96-1.05x at [1024, 1024]), nor BFP16's 8 rows (kept tile against kept columns 1.02-1.22x
+// the time), nor at 8 MiB and more ([2048, 1024]: 1.04-1.10x the time; there the tile walk
+// prefetches the next tile), nor at 2 KiB strides ([512, 512]: kept tile 0.58-0.60xNeg against
+// the row walk's 0.63-0.67).
+MXOPS_VINL bool kept_tiles_at_4k(int64_t lanes, int64_t stride_bytes, int64_t input_bytes, int64_t element_bytes) {
+  return lanes == 16 && element_bytes == 4 && stride_bytes % 4096 == 0 && input_bytes < kPrefetchTileBytes &&
+         l1d_ways() == 8 && amd_processor();
+}
+
 // Whether a block of `bs` rows of `element_bytes` each, `g.inner` apart, takes the row walk
 // (plan_units) in the walker of `lanes` lanes. Not where columns_at_2k; not to_bfp_prime's
 // sub-blocks (MX9, MX6, MX4) in float32 at strides of 2 KiB that are not a multiple of 4 KiB
@@ -188,6 +214,9 @@ MXOPS_VINL bool takes_row_walk(const QdqParams& q, const Geometry& g, int64_t bs
   const int64_t stride = g.inner * element_bytes;
   if (g.lanes != 1 || stride % row_walk_stride_bytes(element_bytes) != 0 || bs < kRowWalkRows) return false;
   if (columns_at_2k(lanes, bs, stride, element_bytes)) return false;
+  if (q.method == Method::kMx && q.element.is_int &&
+      kept_tiles_at_4k(lanes, stride, g.num_elements * element_bytes, element_bytes))
+    return false;
   return !(q.method == Method::kToBfpPrime && element_bytes == 4 && stride % 4096 != 0 && l1d_ways() >= 12);
 }
 
