@@ -10,7 +10,11 @@
 // instruction set as onnxruntime's Neg is. Where even this stays below a ratio the op must
 // reach, no walk of that structure can reach it on this machine.
 //
-//   walk_bound ROWS COLS BLOCK ROUNDS  ->  one JSON object on stdout
+//   walk_bound ROWS COLS BLOCK ROUNDS [OUTPUT_OFFSET]  ->  one JSON object on stdout
+//
+// Both buffers start on 2 MiB boundaries, so by default the output's rows fall into the same
+// L1 sets as the input's; OUTPUT_OFFSET (bytes, a multiple of 64 below 4096) moves the output
+// that far past its boundary, as a separate allocation may lie.
 //
 // Built twice: with -DWALK_BOUND_NEGATION at the baseline flags for the negation loop alone,
 // and without it at -march=native for the walks and main.
@@ -162,6 +166,31 @@ void strips(const Tensor& t) {
     }
 }
 
+// Tiles of kTileColumns columns (512 bytes of each row, the kernel's tile): the first pass
+// copies the block's rows of a tile into a local buffer (16 KiB for 32 rows) and takes the
+// tile's column maxima, held in registers; the second reads the buffer (the kept tile).
+constexpr int64_t kTileColumns = 128;
+
+void tiles_kept(const Tensor& t) {
+  constexpr int64_t kVectors = kTileColumns / W;
+  alignas(64) static float keep[32 * kTileColumns];
+  for (int64_t b = 0; b < t.rows; b += t.block)
+    for (int64_t c0 = 0; c0 < t.cols; c0 += kTileColumns) {
+      const float* p = t.x + b * t.cols + c0;
+      float* q = t.y + b * t.cols + c0;
+      const int64_t nv = std::min<int64_t>(kVectors, (t.cols - c0) / W);
+      V m[kVectors] = {};
+      for (int64_t j = 0; j < t.block; ++j)
+        for (int64_t c = 0; c < nv; ++c) {
+          const V v = load(p + j * t.cols + c * W);
+          store(keep + j * kTileColumns + c * W, v);
+          m[c] = vmax(m[c], magnitude(v));
+        }
+      for (int64_t j = 0; j < t.block; ++j)
+        for (int64_t c = 0; c < nv; ++c) store(q + j * t.cols + c * W, vmin(load(keep + j * kTileColumns + c * W), m[c]));
+    }
+}
+
 // walk(std::integral_constant<int, kN>) for the block's rows kN (8, 16 or 32): the column
 // walks take kN at compile time, so their loops over the rows unroll.
 template <class Walk>
@@ -198,6 +227,7 @@ const Walk kWalks[] = {
     {"columns_in_registers", columns_of_block<true>, true},
     {"columns_kept", columns_kept_of_block, true},
     {"strips", strips, true},
+    {"tiles_kept", tiles_kept, true},
 };
 
 float* buffer(size_t bytes) {
@@ -219,20 +249,24 @@ int64_t parse(const char* s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: walk_bound ROWS COLS BLOCK ROUNDS\n");
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: walk_bound ROWS COLS BLOCK ROUNDS [OUTPUT_OFFSET]\n");
     return 2;
   }
   const int64_t rows = parse(argv[1]), cols = parse(argv[2]), block = parse(argv[3]), rounds = parse(argv[4]);
+  const int64_t offset = argc == 6 ? parse(argv[5]) : 0;
   if (rows <= 0 || cols <= 0 || rounds <= 0 || (block != 8 && block != 16 && block != 32) || rows % block != 0 ||
-      cols % 32 != 0) {
-    std::fprintf(stderr, "walk_bound: ROWS a positive multiple of BLOCK (8, 16 or 32), COLS of 32, ROUNDS > 0\n");
+      cols % 32 != 0 || offset < 0 || offset >= 4096 || offset % 64 != 0) {
+    std::fprintf(stderr,
+                 "walk_bound: ROWS a positive multiple of BLOCK (8, 16 or 32), COLS of 32, ROUNDS > 0, "
+                 "OUTPUT_OFFSET a multiple of 64 in [0, 4096)\n");
     return 2;
   }
   const size_t n = static_cast<size_t>(rows * cols);
   float* x = buffer(n * sizeof(float));
-  float* y = buffer(n * sizeof(float));
-  if (x == nullptr || y == nullptr) {
+  float* y_buffer = buffer(n * sizeof(float) + static_cast<size_t>(offset));
+  float* y = y_buffer + offset / int64_t(sizeof(float));
+  if (x == nullptr || y_buffer == nullptr) {
     std::fprintf(stderr, "walk_bound: out of memory for %zu floats\n", n);
     return 2;
   }
@@ -257,9 +291,10 @@ int main(int argc, char** argv) {
       const auto t1 = std::chrono::steady_clock::now();
       times[k].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
-  std::printf("{\"lanes\": %d, \"rows\": %lld, \"cols\": %lld, \"block\": %lld, \"rounds\": %lld, \"walks\": [", W,
-              static_cast<long long>(rows), static_cast<long long>(cols), static_cast<long long>(block),
-              static_cast<long long>(rounds));
+  std::printf("{\"lanes\": %d, \"rows\": %lld, \"cols\": %lld, \"block\": %lld, \"rounds\": %lld, "
+              "\"output_offset\": %lld, \"walks\": [",
+              W, static_cast<long long>(rows), static_cast<long long>(cols), static_cast<long long>(block),
+              static_cast<long long>(rounds), static_cast<long long>(offset));
   int bad = 0;
   for (size_t k = 0; k < kWalkCount; ++k) {
     const Walk& w = kWalks[k];
@@ -278,7 +313,7 @@ int main(int argc, char** argv) {
   }
   std::printf("]}\n");
   std::free(x);
-  std::free(y);
+  std::free(y_buffer);
   return bad ? 3 : 0;
 }
 

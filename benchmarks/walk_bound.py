@@ -20,7 +20,9 @@ kept in vector registers between the passes), ``columns_kept`` (two column vecto
 time, the first pass copying the rows into a local buffer that the second reads: the column
 walk's kept rows), ``strips`` (16 column vectors of each row at a time, 1 KiB with AVX-512:
 the block's rows of a strip into column maxima held in registers, then the strip's rows
-again; a tile walk as wide as the registers allow).
+again; a tile walk as wide as the registers allow), ``tiles_kept`` (128 columns of each row,
+512 bytes, copied into a local buffer by the first pass, which the second reads: the
+kernel's kept tile).
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ from ort_mx_ops.benchmarks import harness
 __all__ = ["SOURCE", "WALKS", "DEFAULT_SHAPES", "parse_shapes", "build", "run", "markdown", "main"]
 
 SOURCE = Path(__file__).with_name("walk_bound.cc")
-WALKS = ("rows", "rows_reversed", "columns", "columns_in_registers", "columns_kept", "strips")
+WALKS = ("rows", "rows_reversed", "columns", "columns_in_registers", "columns_kept", "strips",
+         "tiles_kept")
 BLOCKS = (8, 16, 32)
 # [rows, cols]: the op benchmark's 256 Ki, 1 Mi (rows 2 KiB and 4 KiB apart) and neighbours.
 DEFAULT_SHAPES = ((512, 512), (256, 1024), (1024, 512), (1024, 1024))
@@ -90,13 +93,16 @@ def build(directory: Path) -> Path:
     return program
 
 
-def run(program: Path, shape: tuple[int, int], block: int, rounds: int) -> dict:
+def run(program: Path, shape: tuple[int, int], block: int, rounds: int,
+        output_offset: int = 0) -> dict:
     """One run of the program on a [rows, cols] tensor: its JSON, each walk's ``x_negation``
-    (the negation loop's best time over the walk's) added. ``RuntimeError`` where a walk's
-    output differs from its input or the program fails."""
+    (the negation loop's best time over the walk's) added. ``output_offset``: bytes from the
+    output buffer's 2 MiB boundary to its first element (0: the output's rows in the input's
+    L1 sets). ``RuntimeError`` where a walk's output differs from its input or the program
+    fails."""
     rows, cols = shape
-    done = subprocess.run([str(program), str(rows), str(cols), str(block), str(rounds)],
-                          capture_output=True, text=True)
+    done = subprocess.run([str(program), str(rows), str(cols), str(block), str(rounds),
+                           str(output_offset)], capture_output=True, text=True)
     if done.returncode != 0:
         doc = json.loads(done.stdout) if done.returncode == 3 and done.stdout.strip() else None
         wrong = [w["name"] for w in doc["walks"] if not w["equal"]] if doc else []
@@ -116,7 +122,10 @@ def markdown(doc: dict) -> str:
     lanes = doc["results"][0]["lanes"] if doc["results"] else "?"
     lines = ["# The walk's structure alone (ort-mx-bench --walk-bound)", "",
              f"- {m.get('cpu')}; {lanes} float lanes a vector (-march=native); one thread; "
-             f"blocks of {o['block']} rows down the first axis; best of {o['rounds']} calls, "
+             f"blocks of {o['block']} rows down the first axis; the output "
+             + (f"{o['output_offset']} bytes past the input's L1 sets; " if o["output_offset"]
+                else "in the input's L1 sets; ")
+             + f"best of {o['rounds']} calls, "
              f"walks taking turns{harness.load_average_phrase(m)}; {m['time']}",
              "- ×negation: a negation loop's time (baseline instructions) over the walk's; "
              "every walk's output checked bit for bit", "",
@@ -142,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                         + ",".join(f"{r}x{c}" for r, c in DEFAULT_SHAPES) + ")")
     p.add_argument("--block", type=int, choices=BLOCKS, default=32, help="rows a block")
     p.add_argument("--rounds", type=int, default=300, help="calls per walk (best counts)")
+    p.add_argument("--output-offset", type=int, default=0,
+                   help="bytes the output lies past the input's place in the L1 sets (a "
+                        "multiple of 64 below 4096; default 0: the same sets, as two buffers "
+                        "on 2 MiB boundaries)")
     p.add_argument("--out", default="bench-results", help="output folder")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -151,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
+    if not 0 <= args.output_offset < 4096 or args.output_offset % 64:
+        raise SystemExit("--output-offset must be a multiple of 64 in [0, 4096)")
     try:
         shapes = parse_shapes(args.shapes, args.block) if args.shapes else [
             s for s in DEFAULT_SHAPES if s[0] % args.block == 0]
@@ -160,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             program = build(Path(tmp))
-            results = [run(program, s, args.block, args.rounds) for s in shapes]
+            results = [run(program, s, args.block, args.rounds, args.output_offset) for s in shapes]
     except RuntimeError as e:
         raise SystemExit(str(e)) from None
     doc = {"machine": machine, "options": {"shapes": [list(s) for s in shapes],
-                                           "block": args.block, "rounds": args.rounds},
+                                           "block": args.block, "rounds": args.rounds,
+                                           "output_offset": args.output_offset},
            "results": results}
     text = markdown(doc)
     harness.write_results(args.out, "walk_bound", doc, text, args.quiet)

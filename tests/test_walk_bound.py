@@ -32,9 +32,17 @@ def test_every_walk_reproduces_its_input(program, shape, block):
         assert w["x_negation"] == pytest.approx(negation / w["best_us"])
 
 
+def test_every_walk_reproduces_its_input_with_the_output_elsewhere(program):
+    doc = walk_bound.run(program, (64, 1024), 32, rounds=2, output_offset=256)
+    assert doc["output_offset"] == 256
+    assert all(w["equal"] for w in doc["walks"] if w["checked"])
+
+
 @pytest.mark.parametrize("args", [["30", "64", "32", "1"], ["64", "48", "32", "1"],
                                   ["64", "64", "12", "1"], ["64", "64", "32", "0"],
-                                  ["64", "x", "32", "1"], ["64", "64", "32"]])
+                                  ["64", "x", "32", "1"], ["64", "64", "32"],
+                                  ["64", "64", "32", "1", "32"], ["64", "64", "32", "1", "4096"],
+                                  ["64", "64", "32", "1", "-64"], ["64", "64", "32", "1", "0", "0"]])
 def test_program_refuses_bad_arguments(program, args):
     done = subprocess.run([str(program), *args], capture_output=True, text=True)
     assert done.returncode == 2
@@ -58,7 +66,8 @@ def test_main_writes_json_and_markdown(tmp_path):
     assert cli.main(["--walk-bound", "--shapes", "32x64,64x32", "--block", "32", "--rounds", "2",
                      "--out", str(tmp_path), "--quiet"]) == 0
     doc = json.loads((tmp_path / "walk_bound.json").read_text())
-    assert doc["options"] == {"shapes": [[32, 64], [64, 32]], "block": 32, "rounds": 2}
+    assert doc["options"] == {"shapes": [[32, 64], [64, 32]], "block": 32, "rounds": 2,
+                              "output_offset": 0}
     assert [(r["rows"], r["cols"]) for r in doc["results"]] == [(32, 64), (64, 32)]
     text = (tmp_path / "walk_bound.md").read_text()
     assert "| [32, 64] |" in text and "| [64, 32] |" in text
@@ -66,7 +75,9 @@ def test_main_writes_json_and_markdown(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [(["--shapes", "40x64"], "multiple of the block"),
-                                          (["--rounds", "0"], "at least 1")])
+                                          (["--rounds", "0"], "at least 1"),
+                                          (["--output-offset", "100"], "multiple of 64"),
+                                          (["--output-offset", "4096"], "multiple of 64")])
 def test_main_refuses_bad_options(tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):
         walk_bound.main(["--walk-bound", *argv, "--out", str(tmp_path), "--quiet"])
