@@ -38,7 +38,7 @@ def cpu_isa() -> str:
     processor cannot run is reported once on stderr and the best available one is returned.
     Two exceptions, where MXOPS_CPU_ISA is unset and this reports "avx512": block ops whose
     blocked axis is innermost run the AVX2 walker on AMD family 19h (Zen 4), and those with
-    blocks of 8 elements (BFP16) do on every processor; both measured faster (README,
-    "Speed"). The bits are the same.
+    blocks of 8 elements (BFP16) do on every processor; both measured faster (docs/speed-log.md,
+    "An AVX-512 processor" and "An Intel Xeon with AVX-512"). The bits are the same.
     """
     return _native.cpu_isa()

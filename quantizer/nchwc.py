@@ -274,7 +274,7 @@ def _rewrite(model: onnx.ModelProto, block: int) -> NchwcReport:
                 # of at most B (BFP16 and MX9 with B = 16), where the padding fills whole or
                 # half blocks: all-zero blocks take the fast form (45b8927), and on the
                 # classifier's 8- and 24-channel nodes this measured no slower than keeping
-                # the conversions (README "Padding channels in blocks of at most B").
+                # the conversions (docs/speed-log.md, "Padding channels in blocks of at most B").
                 a["nchwc_channels"] = channels
             new = [helper.make_node(node.op_type, [x], [ri.output[0]], domain=node.domain,
                                     name=node.name, **a)]

@@ -640,7 +640,7 @@ MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F>& p)
 // i.e. the signed ones below ntiny, and their r is +0 (|x| <= 2^(kd - 150) is below half a
 // quantum, and the clamp keeps +0): the result there is -0, so a select replaces r (two
 // vector operations, the compare and a blend, where OR-ing a shifted mask into r took three;
-// README, "Negative zeros in one select"). Inf and NaN are the x with x - x unordered.
+// docs/speed-log.md, "Negative zeros in one select"). Inf and NaN are the x with x - x unordered.
 template <class F>
 MXOPS_HD F with_tiny_sign(F r, F x, const DirectRound<F>& p) {
   return select(p.ntiny > as_int(f2u(x)), splat<F>(-0.0f), r);

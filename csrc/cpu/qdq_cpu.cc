@@ -124,7 +124,8 @@ bool amd_zen5() {
 // the AVX-512 walker along rows ran slower than the AVX2 one (xNeg, BFP16: 0.20-0.27 against
 // 0.30-0.39 in cache, 0.57 against 0.66-0.78 at 16 Mi elements; the other formats 10-25 %
 // slower in cache), while with the blocked axis outer it was mostly the faster one (0.35-0.79
-// against 0.25-0.75 in cache, 0.57-0.82 against 0.52-0.74 at 16 Mi); README, "Speed".
+// against 0.25-0.75 in cache, 0.57-0.82 against 0.52-0.74 at 16 Mi); docs/speed-log.md, "An
+// AVX-512 processor".
 bool split_512_bit_units() { return amd_zen4(); }
 
 // Whether the walks with the blocked axis innermost prefetch their input and output streams in
@@ -133,8 +134,8 @@ bool split_512_bit_units() { return amd_zen4(); }
 // negation loop, with -> without: AVX2 path MXINT8 0.85 -> 1.08, MX9 0.82 -> 1.00; AVX-512
 // path MXINT8 0.80 -> 1.15, MX9 0.87 -> 0.92). On Zen 3 (AVX2 only) they help: ort-mx-bench,
 // 16 Mi, blocked axis innermost, xNeg without -> with, BFP16 0.88-0.95 -> 1.03-1.07, MX9 / MX6
-// / MX4 0.87-0.95 -> 0.96-1.06, the others within the runs' spread (README, "An AVX2-only
-// processor").
+// / MX4 0.87-0.95 -> 0.96-1.06, the others within the runs' spread (docs/speed-log.md, "An
+// AVX2-only processor").
 bool row_prefetch_helps() { return !amd_zen4(); }
 
 // Blocks of more input bytes than this walk without the software prefetches. On Zen 3
@@ -348,8 +349,8 @@ void zero_padding(DType t, const void* src, void* dst, const NchwcPadding& pad, 
 // included, so its padding is zeroed again afterwards. Copying only that block, not the whole
 // tensor (as before), measured on Zen 3 (AVX2, one thread, nchwc_block 16, one node through
 // onnxruntime, 200 / 104 / 88 channels padded to 208 / 112 / 96): BFP16 and MX9 (blocks within
-// a group) 5-20 % faster, MXINT8 2-6 %; tensors of one or two groups unchanged (README, "NCHWc
-// padding: only the padded block copied").
+// a group) 5-20 % faster, MXINT8 2-6 %; tensors of one or two groups unchanged
+// (docs/speed-log.md, "NCHWc padding: only the padded block copied").
 void quantize_dequantize_padded(const QdqParams& p, DType t, const void* x, void* y,
                                 const Geometry& g, const TaskRunner& run) {
   const NchwcPadding& pad = g.padding;

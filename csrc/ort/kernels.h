@@ -77,7 +77,7 @@ OrtStatusPtr infer_same_shape(OrtShapeInferContext* ctx, ONNXTensorElementDataTy
 // and blocks do not overlap (cpu::quantize_dequantize), so the bits are the same. Quantizing
 // in place writes to lines the node has just read instead of a second buffer's: on the 2-core
 // Xeon, the orientation classifier's 25 activation nodes of 50-800 KiB (NCHWc, one thread)
-// took 0.65 ms instead of 0.75 ms (MXINT8; README, "In place").
+// took 0.65 ms instead of 0.75 ms (MXINT8; docs/speed-log.md, "In place").
 template <class Backend>
 void may_run_in_place(OrtCustomOp& op) {
   if constexpr (Backend::kInPlace) {
