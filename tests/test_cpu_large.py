@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 
 import ort_mx_ops
 from conftest import native_and_reference
-from ort_mx_ops import native
+from test_cpu_simd import cpu_path
+from ort_mx_ops import _native, native
 from ort_mx_ops.benchmarks import graphs
 from ort_mx_ops.formats import CONFIGS
 
@@ -90,3 +91,48 @@ def test_streamed_outer_axis_matches_scalar_path(config, extra, shape, offset, i
     bad = np.flatnonzero(got.view(np.uint32).ravel() != want.view(np.uint32).ravel())
     assert bad.size == 0, (config, extra, shape, bad[:5], x.ravel()[bad[:5]],
                            got.ravel()[bad[:5]], want.ravel()[bad[:5]])
+
+
+# Blocked axis innermost, inputs of 16 MiB and more, out of place: the SIMD walkers take the
+# least bit pattern of W blocks of MXINT8 / BFP16 (where a -0 or a negative x below the
+# quantum's tiny bound needs the sign fix-up) in the second pass, and compute the W blocks
+# again with the fix-up where it finds one (csrc/cpu/block_walker.h, blocks_plain's
+# kMinAfter); in place and below 16 MiB, in the first pass. Runs of W blocks with and without
+# such values (about one element in 500 is a -0 or a negative subnormal) in rows of ordinary
+# values and in rows of _values' boundaries, float32 (also divided by input_divisor as it is
+# loaded) and float16, against the scalar path, which has neither walk.
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("shape", [(1024, 4096), (1023, 4104)])
+@pytest.mark.parametrize("dtype,extra", [("float32", {}), ("float32", {"input_divisor": 3}),
+                                         ("float16", {})])
+@pytest.mark.parametrize("config", ["MXINT8", "BFP16"])
+def test_innermost_negative_zeros_match_scalar_path(config, dtype, extra, shape, isa, in_place):
+    rng = np.random.default_rng(shape[0] + len(config))
+    if dtype == "float16":
+        shape = (2 * shape[0], shape[1])  # 16 MiB of 2-byte elements
+    x = _values(rng, shape)
+    # half the rows ordinary values (one scale a row), where most runs of W blocks are plain
+    rows = np.flatnonzero(rng.random(shape[0]) < 0.5)
+    top = 8 if dtype == "float16" else 20
+    x[rows] = rng.standard_normal((rows.size, shape[1])) * 2.0 ** rng.integers(-top, top, (rows.size, 1))
+    x = x.ravel()
+    x[np.flatnonzero(rng.random(x.size) < 0.001)] = -0.0
+    tiny = np.flatnonzero(rng.random(x.size) < 0.001)
+    x[tiny] = -rng.integers(1, 1 << 23, tiny.size).astype(np.uint32).view(np.float32)
+    if dtype == "float16":  # negative float16 subnormals and -0 in place of the float32 ones
+        with np.errstate(over="ignore"):  # (_values' large exponents become Inf)
+            x = x.astype(np.float16)
+        x[tiny] = -rng.integers(1, 1 << 10, tiny.size).astype(np.uint16).view(np.float16)
+    x = x.reshape(shape)
+    assert x.nbytes >= 16 << 20
+    spec = CONFIGS[config]
+    attrs = dict(spec.attrs, axis=1, **extra)
+    with cpu_path(isa):
+        got = _native.quantize_dequantize(spec.op, x, attrs, "", 2, in_place=in_place)
+    with cpu_path("scalar"):
+        want = _native.quantize_dequantize(spec.op, x, attrs, "", 2, in_place=False)
+    u = np.uint16 if dtype == "float16" else np.uint32
+    bad = np.flatnonzero(got.view(u).ravel() != want.view(u).ravel())
+    assert bad.size == 0, (config, dtype, extra, shape, isa, in_place, bad[:5],
+                           x.ravel()[bad[:5]], got.ravel()[bad[:5]], want.ravel()[bad[:5]])

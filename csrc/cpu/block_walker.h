@@ -496,6 +496,9 @@ struct Walker {
   // the same prefetches made a 16 Mi-element walk take 5-44 % longer, and in cache they do
   // not help (prefetch_rows_for_call, qdq_cpu.cc).
   bool prefetch_rows = true;
+  // Inputs of kStreamBytes or more: blocks_plain takes the least bit pattern of blocks of
+  // several vectors in its second pass where it runs out of place (kMinAfter).
+  bool min_after = false;
 
   // Float32Divided: loaded and stored as Float32 (the lane sets' types), divided by as_loaded.
   static constexpr bool kDivided = std::is_same_v<IO, Float32Divided>;
@@ -580,7 +583,8 @@ struct Walker {
   // The walker of the same op one element per lane, for the tails of a vector walk.
   auto scalar() const {
     return Walker<ScalarLanes, IO, Bf16First, decltype(pol.scalar())>{
-        x, y, length, inner, bs, sub, pol.scalar(), lanes, prefetch_tiles, prefetch_rows};
+        x, y, length, inner, bs, sub, pol.scalar(), lanes, prefetch_tiles, prefetch_rows,
+        min_after};
   }
 
   // One block of `n` elements `stride` apart from `base`, a lane per element (W == 1).
@@ -641,7 +645,19 @@ struct Walker {
   // NCHWc view of 16-channel groups): W blocks of half a vector, W / 2 vectors of two blocks
   // each, the same way: the W maxima by half_transpose_max, each vector's two blocks'
   // parameters broadcast to its halves (broadcast_pair).
-  template <int kNv>
+  // kMinAfter (kPlain > 1, out of place; span_blocks takes it for blocks of 2 or 4 vectors in
+  // inputs of kStreamBytes or more): the least bit pattern taken in the second pass from the
+  // vectors it reads anyway, the W blocks computed in the plain form and, where that minimum
+  // shows a -0 or negative tiny x, computed again from p with the sign fix-up (the same bits;
+  // in place the first pass must decide, as p is overwritten). In the first pass GCC read each
+  // vector twice, once for the maximum and once for the minimum (a load folded into each
+  // operation), and at 16 Mi elements those loads held back the walk: Zen 4, two threads,
+  // AVX2, `ort-mx-bench --sizes 4Mi,16Mi --layouts innermost` against the library without
+  // it, three runs: MXINT8 16 Mi 0.79-0.85 -> 0.96-0.98x Neg, 4 Mi 0.75-0.81 -> 0.79-0.81. In
+  // cache the first pass is the faster one (1.10-1.14x the time with kMinAfter at [64 ...
+  // 512, 1024] and [128, 4096], the walker called directly), as for BFP16's blocks of one
+  // vector at 4 Mi (0.68-0.74 -> 0.64-0.71), which keep it.
+  template <int kNv, bool kMinAfter = false>
   MXOPS_VINL bool blocks_plain(const Pol& pol, const T* p, T* q) const {
     static_assert(kNv > 0 || kHalfVectorBlocks, "blocks of half a vector: 16 lanes, the plain form");
     constexpr bool kHalves = kNv == kHalfVector;
@@ -660,7 +676,8 @@ struct Walker {
         const F xv = load(p + off);
         keep_quotient(kept, b * kPer + i, xv);
         m = i == 0 ? magnitude_bits(xv) : imax(m, magnitude_bits(xv));
-        if constexpr (Pol::kPlain > 1) bmin = off == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
+        if constexpr (Pol::kPlain > 1 && !kMinAfter)
+          bmin = off == 0 ? as_int(f2u(xv)) : imin(bmin, as_int(f2u(xv)));
       }
       a[b] = m;
     }
@@ -682,13 +699,22 @@ struct Walker {
 #pragma GCC unroll 4
         for (int i = 0; i < kPer; ++i) {
           const int64_t off = (b * kPer + i) * W;
-          store(q + off, apply(quotient_or_load(kept, b * kPer + i, p + off), pb));
+          const F v = quotient_or_load(kept, b * kPer + i, p + off);
+          if constexpr (Pol::kPlain > 1 && kMinAfter)
+            bmin = off == 0 ? as_int(f2u(v)) : imin(bmin, as_int(f2u(v)));
+          store(q + off, apply(v, pb));
         }
       }
     };
+    const bool unclamped = pol.unclamped(prm, amax);
+    if constexpr (Pol::kPlain > 1 && kMinAfter) {
+      in_form(pol, finite_form(true, true, unclamped), each);
+      if (!L::all(no_negative_tiny(bmin))) in_form(pol, finite_form(true, false, unclamped), each);
+      return true;
+    }
     bool plain = true;  // else a -0 or a negative tiny x: the finite form (kPlain > 1)
     if constexpr (Pol::kPlain > 1) plain = L::all(no_negative_tiny(bmin));
-    in_form(pol, finite_form(true, plain, pol.unclamped(prm, amax)), each);
+    in_form(pol, finite_form(true, plain, unclamped), each);
     return true;
   }
 
@@ -754,10 +780,13 @@ struct Walker {
       return false;
     } else {
       if constexpr (Pol::kPlain > 0) {
+        // kMinAfter (blocks of several vectors, out of place, min_after): see blocks_plain.
+        constexpr bool kAfter = Pol::kPlain > 1;
+        const bool after = kAfter && min_after && p != q;
         switch (kNv) {
           case 1: if (blocks_plain<1>(pol, p, q)) return true; break;
-          case 2: return blocks_plain<2>(pol, p, q);
-          case 4: return blocks_plain<4>(pol, p, q);
+          case 2: return after ? blocks_plain<2, kAfter>(pol, p, q) : blocks_plain<2>(pol, p, q);
+          case 4: return after ? blocks_plain<4, kAfter>(pol, p, q) : blocks_plain<4>(pol, p, q);
         }
       }
       if (kNv != 1) return false;
@@ -2270,7 +2299,8 @@ void with_walker_for(const QdqParams& p, const void* x, void* y, const Geometry&
       fn(Walker<L, IO, decltype(bf16_first)::value, Pol, Stream>{
           static_cast<const T*>(x), static_cast<T*>(y), g.length, g.inner, walk_block_size(p, g),
           p.method == Method::kToBfpPrime ? p.sub_block_size : p.block_size, pol, g.lanes,
-          g.num_elements * int64_t(sizeof(T)) >= kPrefetchTileBytes, prefetch_rows});
+          g.num_elements * int64_t(sizeof(T)) >= kPrefetchTileBytes, prefetch_rows,
+          g.num_elements * int64_t(sizeof(T)) >= kStreamBytes});
     };
     if constexpr (kTakesBf16First<Pol> && !std::is_same_v<IO, BFloat16>) {
       if (p.bf16_first) return go(std::true_type{});
