@@ -497,7 +497,8 @@ struct Walker {
   // not help (prefetch_rows_for_call, qdq_cpu.cc).
   bool prefetch_rows = true;
   // Inputs of kStreamBytes or more: blocks_plain takes the least bit pattern of blocks of
-  // several vectors in its second pass where it runs out of place (kMinAfter).
+  // several vectors in its second pass where it runs out of place (kMinAfter), and so does
+  // the tile walk of full tiles (whole_block_rows_min_after).
   bool min_after = false;
 
   // Float32Divided: loaded and stored as Float32 (the lane sets' types), divided by as_loaded.
@@ -988,6 +989,36 @@ struct Walker {
     }
   }
 
+  // whole_block_rows of a full tile out of place, known finite (greatest magnitudes a), for
+  // kPlain > 1 (MXINT8, BFP16) in inputs of kStreamBytes or more: the least bit patterns,
+  // which decide whether the blocks need the sign fix-up of a -0 or a negative tiny x, taken
+  // from the vectors the second pass loads, the rows computed as if none did and, where one
+  // does, computed again from px with those minima (the same bits; rare). In the first pass
+  // beside the greatest magnitudes GCC read each vector twice (a load folded into each
+  // operation); see docs/speed-log.md, "Blocked axis outer at 16 Mi elements".
+  MXOPS_VINL void whole_block_rows_min_after(const Pol& pol, const T* px, T* py, int64_t n,
+                                             const I* s, const I* a) const {
+    I none[kTileVectors], bm[kTileVectors];
+    for (int64_t v = 0; v < kTileVectors; ++v) none[v] = bm[v] = splat<I>(INT32_MAX);
+    bool fast = true;
+    for (int64_t v = 0; v < kTileVectors; ++v) fast = fast && pol.fast(s[v]);
+    if (!fast) return whole_block_rows(pol, px, inner, py, n, inner, kTileVectors, s, a, none);
+    typename Pol::Fast prm[kTileVectors];
+    for (int64_t v = 0; v < kTileVectors; ++v) prm[v] = pol.fast_params(s[v], s[v]);
+    with_fast_form(pol, prm, kTileVectors, a, none, [&](const auto& apply) {
+      block_rows<kTileVectors>(px, inner, py, n, inner, kTileVectors, [&](F x, int64_t v) MXOPS_LAMBDA_INL {
+        bm[v] = imin(bm[v], as_int(f2u(x)));
+        return apply(x, v);
+      });
+    });
+    bool plain = true;
+    for (int64_t v = 0; v < kTileVectors; ++v) plain = plain && pol.plain_finite(prm[v], bm[v]);
+    if (plain) return;
+    // Non-temporal stores of the same lines: the first ones made visible before the second.
+    if constexpr (Stream) __builtin_ia32_sfence();
+    whole_block_rows(pol, px, inner, py, n, inner, kTileVectors, s, a, bm);
+  }
+
   // Rows [0, n) of a tile, vector v of each through apply(x, v), in rows: the input's rows
   // x_inner apart, the output's inner.
   // kNv > 0: nv fixed at compile time (a full tile, kTileVectors), so the loops over the
@@ -1159,14 +1190,15 @@ struct Walker {
   // pattern (as signed) in bmin[c].
   // kCols 0: `cols` vectors (the tile walk's, rows in order). kKeep: the rows are also copied,
   // in order, into keep (n rows of nc vectors; the kept tile's first pass).
-  template <int kCols, bool kKeep = false, bool kRaw = false>
+  // kMin false: no bmin (whole_block_rows_min_after takes it in the second pass).
+  template <int kCols, bool kKeep = false, bool kRaw = false, bool kMin = true>
   static MXOPS_VINL void column_magnitudes(const T* p, int64_t n, int64_t inner, I* a, I* bmin,
                                            int64_t cols = kCols, F* keep = nullptr) {
     const int64_t nc = kCols > 0 ? kCols : cols;
     magnitudes_start(nc, a, bmin);
 #pragma GCC unroll 2
     for (int64_t j = 0; j < n; ++j, p += inner)
-      magnitudes_row<kKeep, kRaw>(p, nc, a, bmin, kKeep ? keep + j * nc : nullptr);
+      magnitudes_row<kKeep, kRaw, kMin>(p, nc, a, bmin, kKeep ? keep + j * nc : nullptr);
   }
 
   // x's bit pattern with the sign cleared: ordered as |x| for finite x, above every finite
@@ -1185,13 +1217,13 @@ struct Walker {
     }
   }
   // kRaw: the elements as load_raw reads them.
-  template <bool kKeep = false, bool kRaw = false>
+  template <bool kKeep = false, bool kRaw = false, bool kMin = true>
   static MXOPS_VINL void magnitudes_row(const T* p, int64_t nc, I* a, I* bmin, F* keep = nullptr) {
     for (int64_t c = 0; c < nc; ++c) {
       const F xv = kRaw ? load_raw(p + c * W) : load(p + c * W);
       if constexpr (kKeep) keep[c] = xv;
       a[c] = imax(a[c], magnitude_bits(xv));
-      if constexpr (Pol::kPlain > 1) bmin[c] = imin(bmin[c], as_int(f2u(xv)));
+      if constexpr (Pol::kPlain > 1 && kMin) bmin[c] = imin(bmin[c], as_int(f2u(xv)));
     }
   }
 
@@ -1549,6 +1581,10 @@ struct Walker {
     I s[kTileVectors] = {};  // (initialised: GCC cannot see that s[v < nv] is always set)
     I a[kTileVectors], bmin[kTileVectors];
     bool finite = false;  // as in column_blocks: magnitudes first for the plain form's policies
+    // kPlain > 1, a full tile of 16 rows or more out of place in an input of kStreamBytes or
+    // more: the least bit patterns in the second pass (whole_block_rows_min_after).
+    constexpr bool kAfter = Pol::kPlain > 1 && kKeep == 0;
+    const bool after = kAfter && min_after && nv == kTileVectors && n >= 16 && px != py;
     if constexpr (Pol::kPlain > 0) {
       // A full tile's vector count fixed at compile time: the loop over the vectors unrolls
       // and the maxima stay in registers instead of a load and a store per vector and row
@@ -1556,6 +1592,8 @@ struct Walker {
       // 0.73 -> 0.79 with AVX-512, together with full-tile rows in whole_block_rows; Zen 4).
       if constexpr (kKeep > 0) {
         column_magnitudes<kTileVectors, true>(px, kKeep, inner, a, bmin, kTileVectors, keep);
+      } else if (after) {
+        column_magnitudes<kTileVectors, false, false, !kAfter>(px, n, inner, a, bmin);
       } else if (nv == kTileVectors) {
         column_magnitudes<kTileVectors>(px, n, inner, a, bmin);
       } else {
@@ -1583,6 +1621,9 @@ struct Walker {
       else if (fast) tile_sub_blocks<0, true>(pol, src, src_inner, py, n, sub, inner, nv, s);
       else tile_sub_blocks<0, false>(pol, src, src_inner, py, n, sub, inner, nv, s);
     } else {
+      if constexpr (kAfter) {
+        if (after && finite) return whole_block_rows_min_after(pol, px, py, n, s, a);
+      }
       whole_block_rows(pol, src, src_inner, py, n, inner, nv, s, finite ? a : nullptr, bmin);
     }
   }
