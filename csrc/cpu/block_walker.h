@@ -952,9 +952,13 @@ struct Walker {
     for (; a < n; a += sub) rows(a, [&] { return min64(n - a, sub); });
   }
 
-  // k[0..nv) = maximum key over rows [0, n) from p, per column.
+  // k[0..nv) = maximum key over rows [0, n) from p, per column. kCols > 0: nv fixed at compile
+  // time (a full tile), so that the loop over the vectors unrolls and the maxima stay in
+  // registers, as in column_magnitudes.
+  template <int64_t kCols = 0>
   static MXOPS_VINL void column_max(const Pol& pol, const T* p, int64_t n, int64_t inner,
-                                    int64_t nv, K* k) {
+                                    int64_t cols, K* k) {
+    const int64_t nv = kCols > 0 ? kCols : cols;
     for (int64_t v = 0; v < nv; ++v) k[v] = pol.key(load(p + v * W));
     for (int64_t j = 1; j < n; ++j) {
       const T* row = p + j * inner;
@@ -1608,7 +1612,10 @@ struct Walker {
     }
     if (!finite) {
       // (the kept tile's policies without a plain form have their keys from the first pass)
-      if constexpr (Pol::kPlain > 0 || kKeep == 0) column_max(pol, src, n, src_inner, nv, k);
+      if constexpr (Pol::kPlain > 0 || kKeep == 0) {
+        if (nv == kTileVectors) column_max<kTileVectors>(pol, src, n, src_inner, nv, k);
+        else column_max(pol, src, n, src_inner, nv, k);
+      }
       for (int64_t v = 0; v < nv; ++v) s[v] = pol.exponent(k[v]);
     }
     prefetch_next_tile(px, py, n, inner, nv * W, column);
