@@ -103,7 +103,7 @@ def test_streamed_outer_axis_matches_scalar_path(config, extra, shape, offset, i
 # MXINT8 / BFP16 blocks (where a -0 or a negative x below the quantum's tiny bound needs the
 # sign fix-up) in the second pass, and compute the blocks again with the fix-up where they
 # find one (csrc/cpu/block_walker.h: blocked axis innermost, blocks_plain's kMinAfter, W
-# blocks at a time; outer, whole_block_rows_min_after, a full tile of blocks of 16 rows or
+# blocks at a time; outer, whole_block_rows<true>, a full tile of blocks of 16 rows or
 # more); in place and below 16 MiB, in the first pass. Runs of blocks with and without such
 # values (innermost about one element in 500 is a -0 or a negative subnormal; outer one in
 # 10,000, so that about a third of MXINT8's tiles, 32 rows of 128 columns, hold one) in rows

@@ -498,7 +498,7 @@ struct Walker {
   bool prefetch_rows = true;
   // Inputs of kStreamBytes or more: blocks_plain takes the least bit pattern of blocks of
   // several vectors in its second pass where it runs out of place (kMinAfter), and so does
-  // the tile walk of full tiles (whole_block_rows_min_after).
+  // the tile walk of full tiles (whole_block_rows<true>).
   bool min_after = false;
 
   // Float32Divided: loaded and stored as Float32 (the lane sets' types), divided by as_loaded.
@@ -970,6 +970,14 @@ struct Walker {
   // exponent is s[v]: the fast form when every vector's block allows it, and within it the
   // plain form (without its clamp where no element reaches it) for blocks known finite from
   // their greatest magnitudes a[v] and least bit patterns bmin[v] (a null where not known).
+  // kMinAfter (kPlain > 1: MXINT8, BFP16; a full tile out of place, known finite, in an input
+  // of kStreamBytes or more; bmin not given): the least bit patterns, which decide whether the
+  // blocks need the sign fix-up of a -0 or a negative tiny x, taken from the vectors this pass
+  // loads; the rows computed as if none did and, where one does, computed again from px with
+  // those minima (the same bits; rare). In the first pass beside the greatest magnitudes GCC
+  // read each vector twice (a load folded into each operation); see docs/speed-log.md,
+  // "Blocked axis outer at 16 Mi elements".
+  template <bool kMinAfter = false>
   MXOPS_VINL void whole_block_rows(const Pol& pol, const T* px, int64_t x_inner, T* py, int64_t n,
                                    int64_t inner, int64_t nv, const I* s, const I* a = nullptr,
                                    const I* bmin = nullptr) const {
@@ -978,10 +986,28 @@ struct Walker {
     if (fast) {
       typename Pol::Fast prm[kTileVectors];
       for (int64_t v = 0; v < nv; ++v) prm[v] = pol.fast_params(s[v], s[v]);
-      with_fast_form(pol, prm, nv, a, bmin, [&](const auto& apply) {
-        if (nv == kTileVectors) return block_rows<kTileVectors>(px, x_inner, py, n, inner, nv, apply);
-        block_rows(px, x_inner, py, n, inner, nv, apply);
-      });
+      if constexpr (kMinAfter) {
+        // (every block taken as plain by the form's choice; the minima as the rows are read)
+        I plain_bits[kTileVectors], bm[kTileVectors];
+        for (int64_t v = 0; v < kTileVectors; ++v) plain_bits[v] = bm[v] = splat<I>(INT32_MAX);
+        with_fast_form(pol, prm, kTileVectors, a, plain_bits, [&](const auto& apply) {
+          block_rows<kTileVectors>(px, x_inner, py, n, inner, kTileVectors, [&](F x, int64_t v) MXOPS_LAMBDA_INL {
+            bm[v] = imin(bm[v], as_int(f2u(x)));
+            return apply(x, v);
+          });
+        });
+        bool plain = true;
+        for (int64_t v = 0; v < kTileVectors; ++v) plain = plain && pol.plain_finite(prm[v], bm[v]);
+        if (plain) return;
+        // Non-temporal stores of the same lines: the first ones made visible before the second.
+        if constexpr (Stream) __builtin_ia32_sfence();
+        return whole_block_rows(pol, px, x_inner, py, n, inner, kTileVectors, s, a, bm);
+      } else {
+        with_fast_form(pol, prm, nv, a, bmin, [&](const auto& apply) {
+          if (nv == kTileVectors) return block_rows<kTileVectors>(px, x_inner, py, n, inner, nv, apply);
+          block_rows(px, x_inner, py, n, inner, nv, apply);
+        });
+      }
     } else {
       Params prm[kTileVectors];
       for (int64_t v = 0; v < nv; ++v) prm[v] = pol.params(s[v], s[v]);
@@ -991,36 +1017,6 @@ struct Walker {
         for (int64_t v = 0; v < nv; ++v) store(out + v * W, pol.apply(load(row + v * W), prm[v]));
       }
     }
-  }
-
-  // whole_block_rows of a full tile out of place, known finite (greatest magnitudes a), for
-  // kPlain > 1 (MXINT8, BFP16) in inputs of kStreamBytes or more: the least bit patterns,
-  // which decide whether the blocks need the sign fix-up of a -0 or a negative tiny x, taken
-  // from the vectors the second pass loads, the rows computed as if none did and, where one
-  // does, computed again from px with those minima (the same bits; rare). In the first pass
-  // beside the greatest magnitudes GCC read each vector twice (a load folded into each
-  // operation); see docs/speed-log.md, "Blocked axis outer at 16 Mi elements".
-  MXOPS_VINL void whole_block_rows_min_after(const Pol& pol, const T* px, T* py, int64_t n,
-                                             const I* s, const I* a) const {
-    I none[kTileVectors], bm[kTileVectors];
-    for (int64_t v = 0; v < kTileVectors; ++v) none[v] = bm[v] = splat<I>(INT32_MAX);
-    bool fast = true;
-    for (int64_t v = 0; v < kTileVectors; ++v) fast = fast && pol.fast(s[v]);
-    if (!fast) return whole_block_rows(pol, px, inner, py, n, inner, kTileVectors, s, a, none);
-    typename Pol::Fast prm[kTileVectors];
-    for (int64_t v = 0; v < kTileVectors; ++v) prm[v] = pol.fast_params(s[v], s[v]);
-    with_fast_form(pol, prm, kTileVectors, a, none, [&](const auto& apply) {
-      block_rows<kTileVectors>(px, inner, py, n, inner, kTileVectors, [&](F x, int64_t v) MXOPS_LAMBDA_INL {
-        bm[v] = imin(bm[v], as_int(f2u(x)));
-        return apply(x, v);
-      });
-    });
-    bool plain = true;
-    for (int64_t v = 0; v < kTileVectors; ++v) plain = plain && pol.plain_finite(prm[v], bm[v]);
-    if (plain) return;
-    // Non-temporal stores of the same lines: the first ones made visible before the second.
-    if constexpr (Stream) __builtin_ia32_sfence();
-    whole_block_rows(pol, px, inner, py, n, inner, kTileVectors, s, a, bm);
   }
 
   // Rows [0, n) of a tile, vector v of each through apply(x, v), in rows: the input's rows
@@ -1194,7 +1190,7 @@ struct Walker {
   // pattern (as signed) in bmin[c].
   // kCols 0: `cols` vectors (the tile walk's, rows in order). kKeep: the rows are also copied,
   // in order, into keep (n rows of nc vectors; the kept tile's first pass).
-  // kMin false: no bmin (whole_block_rows_min_after takes it in the second pass).
+  // kMin false: no bmin (whole_block_rows<true> takes it in the second pass).
   template <int kCols, bool kKeep = false, bool kRaw = false, bool kMin = true>
   static MXOPS_VINL void column_magnitudes(const T* p, int64_t n, int64_t inner, I* a, I* bmin,
                                            int64_t cols = kCols, F* keep = nullptr) {
@@ -1586,7 +1582,7 @@ struct Walker {
     I a[kTileVectors], bmin[kTileVectors];
     bool finite = false;  // as in column_blocks: magnitudes first for the plain form's policies
     // kPlain > 1, a full tile of 16 rows or more out of place in an input of kStreamBytes or
-    // more: the least bit patterns in the second pass (whole_block_rows_min_after).
+    // more: the least bit patterns in the second pass (whole_block_rows<true>).
     constexpr bool kAfter = Pol::kPlain > 1 && kKeep == 0;
     const bool after = kAfter && min_after && nv == kTileVectors && n >= 16 && px != py;
     if constexpr (Pol::kPlain > 0) {
@@ -1629,7 +1625,7 @@ struct Walker {
       else tile_sub_blocks<0, false>(pol, src, src_inner, py, n, sub, inner, nv, s);
     } else {
       if constexpr (kAfter) {
-        if (after && finite) return whole_block_rows_min_after(pol, px, py, n, s, a);
+        if (after && finite) return whole_block_rows<true>(pol, px, inner, py, n, inner, kTileVectors, s, a);
       }
       whole_block_rows(pol, src, src_inner, py, n, inner, nv, s, finite ? a : nullptr, bmin);
     }
