@@ -33,7 +33,8 @@ namespace mxops {
 
 // LaneTypes<T>, T any lane type: F, U, I (the float, unsigned and signed lanes of the same
 // width) and the primitives that differ between one element and a vector: bit
-// reinterpretation, U <-> I, truncating float -> int and int -> float conversion.
+// reinterpretation, U <-> I, truncating float -> int and int -> float conversion, and the
+// symmetric clamp (clamp_magnitude).
 template <class T>
 struct LaneTypes;
 
@@ -64,6 +65,11 @@ struct LaneTypes<float> {
   MXOPS_HD static U as_uint(I i) { return static_cast<U>(i); }
   MXOPS_HD static I trunc_to_int(F f) { return static_cast<I>(f); }
   MXOPS_HD static F to_float(I i) { return static_cast<F>(i); }
+  // r clamped to [-m, m] for m > 0 and r finite, r itself (its sign on a zero) inside.
+  MXOPS_HD static F clamp_magnitude(F r, F m) {
+    r = r > m ? m : r;
+    return r < -m ? -m : r;
+  }
 };
 template <>
 struct LaneTypes<uint32_t> : LaneTypes<float> {};
@@ -92,6 +98,10 @@ template <class F>
 MXOPS_HD LaneI<F> trunc_to_int(F f) { return LaneTypes<F>::trunc_to_int(f); }
 template <class I>
 MXOPS_HD LaneF<I> to_float(I i) { return LaneTypes<I>::to_float(i); }
+// The symmetric clamp of the plain forms below: two compares and selects for one element, one
+// instruction where the lanes have one (AVX-512's range, simd_lanes.h).
+template <class F>
+MXOPS_HD F clamp_magnitude(F r, F m) { return LaneTypes<F>::clamp_magnitude(r, m); }
 
 // c ? a : b per lane (GCC vectors take a lane mask as the condition).
 template <class C, class T>
@@ -573,7 +583,14 @@ MXOPS_HD F mx_float_element_direct(F x, const MxDirect<F>& p, const MxElement& f
 //    or the float32 subnormal 2^(kd - 150), bits 1 << (kd - 1);
 //  - clamping the rounded x to [lo_q, hi_q] quanta is clamping the integer, scaled exactly.
 // Inf and NaN pass through unchanged, as in the op.
-template <class F>
+//
+// Which bounds of that clamp a block can reach is a property of the format, so the params'
+// type carries it (DirectClamp): to_bfp's clamp is symmetric (lo_q = -hi_q), one
+// clamp_magnitude; the int8 MX element's lower bound is never reached, so its clamp is the
+// upper bound alone (mx_int_direct_params).
+enum class DirectClamp { kSymmetric, kUpper };
+
+template <class F, DirectClamp C = DirectClamp::kSymmetric>
 struct DirectRound {
   F c;             // 1.5 * 2^23 * quantum
   F hi, lo;        // hi_q and lo_q quanta
@@ -583,9 +600,9 @@ struct DirectRound {
 template <class I>
 MXOPS_HD LaneMask<I> direct_round_block(I kd, int f) { return (kd >= f - 126) & (kd <= 23); }
 
-template <class I>
-MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, float lo_q) {
-  DirectRound<LaneF<I>> p;
+template <DirectClamp C, class I>
+MXOPS_HD DirectRound<LaneF<I>, C> direct_round_params(I kd, int f, float hi_q, float lo_q) {
+  DirectRound<LaneF<I>, C> p;
   const LaneF<I> quantum = pow2_normal(kd - f);  // kd - f >= -126
   p.c = u2f(f2u(quantum) + ((23u << 23) | 0x00400000u));
   p.hi = quantum * hi_q;
@@ -606,8 +623,8 @@ MXOPS_HD DirectRound<LaneF<I>> direct_round_params(I kd, int f, float hi_q, floa
 template <class U>
 MXOPS_HD LaneMask<U> keys_all_finite(U min_key) { return min_key >= 0x01000000u; }
 
-template <class I>
-MXOPS_HD LaneMask<I> direct_round_plain_block(I min_bits, const DirectRound<LaneF<I>>& p) {
+template <class I, DirectClamp C>
+MXOPS_HD LaneMask<I> direct_round_plain_block(I min_bits, const DirectRound<LaneF<I>, C>& p) {
   return min_bits >= p.ntiny;
 }
 
@@ -617,21 +634,21 @@ template <class I>
 MXOPS_HD LaneMask<I> no_negative_tiny(I min_bits) { return min_bits >= static_cast<int32_t>(0x80800000u); }
 
 // The rounding alone: direct_round_element_plain where the clamp changes nothing.
-template <class F>
-MXOPS_HD F direct_round_element_unclamped(F x, const DirectRound<F>& p) { return (x + p.c) - p.c; }
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_unclamped(F x, const DirectRound<F, C>& p) { return (x + p.c) - p.c; }
 
-template <class F>
-MXOPS_HD F direct_round_element_plain(F x, const DirectRound<F>& p) {
-  F r = direct_round_element_unclamped(x, p);
-  r = select(r > p.hi, p.hi, r);
-  return select(r < p.lo, p.lo, r);
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_plain(F x, const DirectRound<F, C>& p) {
+  const F r = direct_round_element_unclamped(x, p);
+  if constexpr (C == DirectClamp::kUpper) return select(r > p.hi, p.hi, r);
+  else return clamp_magnitude(r, p.hi);
 }
 
 // Whether the clamp changes no element of a block whose greatest magnitude has the bits `a`
 // (finite, sign cleared): the rounding is monotonic in |x| and symmetric about 0 (nearest
 // even on a grid of quanta), so no element rounds past the greatest one's rounding.
-template <class F>
-MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F>& p) {
+template <class F, DirectClamp C>
+MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F, C>& p) {
   const F r = direct_round_element_unclamped(u2f(as_uint(a)), p);
   return (r <= p.hi) & (-r >= p.lo);
 }
@@ -641,26 +658,26 @@ MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F>& p)
 // quantum, and the clamp keeps +0): the result there is -0, so a select replaces r (two
 // vector operations, the compare and a blend, where OR-ing a shifted mask into r took three;
 // docs/speed-log.md, "Negative zeros in one select"). Inf and NaN are the x with x - x unordered.
-template <class F>
-MXOPS_HD F with_tiny_sign(F r, F x, const DirectRound<F>& p) {
+template <class F, DirectClamp C>
+MXOPS_HD F with_tiny_sign(F r, F x, const DirectRound<F, C>& p) {
   return select(p.ntiny > as_int(f2u(x)), splat<F>(-0.0f), r);
 }
 
 // direct_round_element for a block known finite: the plain form, and x's sign back on the zero
 // of a negative x at or below 2^(kd - 150) (-0 among them, as Hardswish gives below -3).
-template <class F>
-MXOPS_HD F direct_round_element_finite(F x, const DirectRound<F>& p) {
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_finite(F x, const DirectRound<F, C>& p) {
   return with_tiny_sign(direct_round_element_plain(x, p), x, p);
 }
 
 // The same where the clamp changes nothing (direct_round_unclamped).
-template <class F>
-MXOPS_HD F direct_round_element_finite_unclamped(F x, const DirectRound<F>& p) {
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_finite_unclamped(F x, const DirectRound<F, C>& p) {
   return with_tiny_sign(direct_round_element_unclamped(x, p), x, p);
 }
 
-template <class F>
-MXOPS_HD F direct_round_element(F x, const DirectRound<F>& p) {
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element(F x, const DirectRound<F, C>& p) {
   const F y = direct_round_element_finite(x, p);
   const F d = x - x;
   return select(d != d, x, y);  // Inf / NaN pass through
@@ -674,19 +691,24 @@ MXOPS_HD LaneMask<I> bfp_direct_block(I s, int m) { return direct_round_block(bf
 template <class I>
 MXOPS_HD DirectRound<LaneF<I>> bfp_direct_params(I s, int m) {
   const float top = static_cast<float>((1u << m) - 1u);
-  return direct_round_params(bfp_scale_exponent(s, m), 0, top, -top);
+  return direct_round_params<DirectClamp::kSymmetric>(bfp_scale_exponent(s, m), 0, top, -top);
 }
 
 // The int8 MX element's (kHalfEven): v = x / X with X = 2^kd, kd = mx_scale_exponent(s, 0),
-// rounded at 2^-6 (f = 6), clamped to [-128, 127].
+// rounded at 2^-6 (f = 6), clamped to [-128, 127]. The block's greatest |x| is below 2^(kd + 1)
+// (its exponent is s - 127 = kd, the element's emax being 0), i.e. below 128 quanta, so no x
+// rounds below -128 quanta: the clamp is the upper bound alone (DirectClamp::kUpper).
 template <class I>
 MXOPS_HD LaneMask<I> mx_int_direct_block(I s, const MxElement& f) {
   return direct_round_block(mx_scale_exponent(s, f.emax), 6);
 }
 
 template <class I>
-MXOPS_HD DirectRound<LaneF<I>> mx_int_direct_params(I s, const MxElement& f) {
-  return direct_round_params(mx_scale_exponent(s, f.emax), 6, 127.0f, -128.0f);
+using MxIntDirect = DirectRound<LaneF<I>, DirectClamp::kUpper>;
+
+template <class I>
+MXOPS_HD MxIntDirect<I> mx_int_direct_params(I s, const MxElement& f) {
+  return direct_round_params<DirectClamp::kUpper>(mx_scale_exponent(s, f.emax), 6, 127.0f, -128.0f);
 }
 
 // mx_float_element_direct with the sign in the rounding constant: with c of the sign of x,
@@ -696,7 +718,6 @@ template <class F>
 struct MxDirectSigned {
   LaneU<F> lo;  // lo << 23, as MxDirect
   F max_v;      // X * max_normal
-  F min_v;      // -max_v
 };
 
 template <class I>
@@ -705,7 +726,6 @@ MXOPS_HD MxDirectSigned<LaneF<I>> mx_direct_signed_params(I s, const MxElement& 
   MxDirectSigned<LaneF<I>> p;
   p.lo = d.lo;
   p.max_v = d.max_v;
-  p.min_v = -d.max_v;
   return p;
 }
 
@@ -731,9 +751,7 @@ MXOPS_HD LaneMask<F> mx_float_direct_signed_unclamped(LaneI<F> a, const MxDirect
 
 template <class F>
 MXOPS_HD F mx_float_element_direct_signed_finite(F x, const MxDirectSigned<F>& p, const MxElement& f) {
-  F r = mx_float_element_direct_signed_unclamped(x, p, f);
-  r = select(r > p.max_v, p.max_v, r);
-  return select(r < p.min_v, p.min_v, r);
+  return clamp_magnitude(mx_float_element_direct_signed_unclamped(x, p, f), p.max_v);
 }
 
 template <class F>

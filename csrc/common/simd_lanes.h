@@ -5,10 +5,28 @@
 
 #include "numerics.h"
 
+#if defined(__AVX512DQ__)
+#include <immintrin.h>
+#endif
+
 namespace mxops {
 
 template <int W>
 struct VectorLanes;
+
+// LaneTypes::clamp_magnitude for vectors: r clamped to [-m, m] (m > 0, r finite). AVX-512DQ's
+// range instruction does it in one operation (imm 0x02: the lesser magnitude, with the sign of
+// the first operand: r, or m with r's sign where |r| >= m); elsewhere a minimum and a maximum.
+template <class F>
+inline __attribute__((always_inline)) F clamp_magnitude_lanes(F r, F m) {
+#if defined(__AVX512DQ__)
+  if constexpr (sizeof(F) == 64) {
+    return reinterpret_cast<F>(_mm512_range_ps(reinterpret_cast<__m512>(r), reinterpret_cast<__m512>(m), 0x02));
+  }
+#endif
+  r = r > m ? m : r;
+  return r < -m ? -m : r;
+}
 
 #define MXOPS_VECTOR_LANES(W)                                                                 \
   template <>                                                                                 \
@@ -25,6 +43,9 @@ struct VectorLanes;
     }                                                                                         \
     static inline __attribute__((always_inline)) F to_float(I i) {                            \
       return __builtin_convertvector(i, F);                                                   \
+    }                                                                                         \
+    static inline __attribute__((always_inline)) F clamp_magnitude(F r, F m) {                \
+      return clamp_magnitude_lanes(r, m);                                                     \
     }                                                                                         \
   };                                                                                          \
   template <>                                                                                 \

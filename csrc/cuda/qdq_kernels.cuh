@@ -249,7 +249,7 @@ struct FastPolicy : Policy {
 // or the MX int8 element's (kMxInt: mx_int_direct_params).
 template <bool kMxInt>
 struct DirectRoundForm {
-  using Params = DirectRound<float>;
+  using Params = DirectRound<float, kMxInt ? DirectClamp::kUpper : DirectClamp::kSymmetric>;
   static constexpr bool kNeedsLeast = true;  // negative zeros and tiny negatives need the sign fix-up
   int m;              // to_bfp's mantissa bits
   MxElement element;  // the int8 element
@@ -257,7 +257,8 @@ struct DirectRoundForm {
     return kMxInt ? mx_int_direct_block(s, element) : bfp_direct_block(s, m);
   }
   __device__ __forceinline__ Params params(int s, int) const {
-    return kMxInt ? mx_int_direct_params(s, element) : bfp_direct_params(s, m);
+    if constexpr (kMxInt) return mx_int_direct_params(s, element);
+    else return bfp_direct_params(s, m);
   }
   __device__ __forceinline__ float apply(float x, const Params& p) const {
     return direct_round_element(x, p);
