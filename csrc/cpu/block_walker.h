@@ -636,7 +636,8 @@ struct Walker {
   // operations per vector where the keys take 4-5), the W maxima in one vector
   // (transpose_max) and the parameters once; then, where all W blocks are finite and allow the
   // fast form, each element by the rounding alone where no block rounds past its clamp
-  // (unclamped: 2 operations), else with the clamp (plain: 4), where the fast form takes about
+  // (unclamped: 2 operations), else with the clamp (plain: 3, or 4 for a symmetric clamp without
+  // AVX-512's range instruction: numerics.h, clamp_magnitude), where the fast form takes about
   // 12 and the block-at-a-time walk a maximum across lanes per block; for kPlain > 1, where a
   // block holds a negative zero or subnormal (no_negative_tiny), with the sign fix-up too
   // (apply_finite*: 3 operations more; Hardswish gives -0 below -3). Measured in cache (256 x 1024
