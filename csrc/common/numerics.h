@@ -38,6 +38,14 @@ namespace mxops {
 template <class T>
 struct LaneTypes;
 
+// r clamped to [-m, m] for m > 0 and r finite, r itself (its sign on a zero) inside, by a
+// minimum and a maximum: LaneTypes::clamp_magnitude where the lanes have no one-instruction form.
+template <class F>
+MXOPS_HD F clamp_magnitude_by_compares(F r, F m) {
+  r = r > m ? m : r;
+  return r < -m ? -m : r;
+}
+
 template <>
 struct LaneTypes<float> {
   using F = float;
@@ -65,11 +73,7 @@ struct LaneTypes<float> {
   MXOPS_HD static U as_uint(I i) { return static_cast<U>(i); }
   MXOPS_HD static I trunc_to_int(F f) { return static_cast<I>(f); }
   MXOPS_HD static F to_float(I i) { return static_cast<F>(i); }
-  // r clamped to [-m, m] for m > 0 and r finite, r itself (its sign on a zero) inside.
-  MXOPS_HD static F clamp_magnitude(F r, F m) {
-    r = r > m ? m : r;
-    return r < -m ? -m : r;
-  }
+  MXOPS_HD static F clamp_magnitude(F r, F m) { return clamp_magnitude_by_compares(r, m); }
 };
 template <>
 struct LaneTypes<uint32_t> : LaneTypes<float> {};

@@ -16,7 +16,7 @@ struct VectorLanes;
 
 // LaneTypes::clamp_magnitude for vectors: r clamped to [-m, m] (m > 0, r finite). AVX-512DQ's
 // range instruction does it in one operation (imm 0x02: the lesser magnitude, with the sign of
-// the first operand: r, or m with r's sign where |r| >= m); elsewhere a minimum and a maximum.
+// the first operand: r, or m with r's sign where |r| >= m); elsewhere clamp_magnitude_by_compares.
 template <class F>
 inline __attribute__((always_inline)) F clamp_magnitude_lanes(F r, F m) {
 #if defined(__AVX512DQ__)
@@ -24,8 +24,7 @@ inline __attribute__((always_inline)) F clamp_magnitude_lanes(F r, F m) {
     return reinterpret_cast<F>(_mm512_range_ps(reinterpret_cast<__m512>(r), reinterpret_cast<__m512>(m), 0x02));
   }
 #endif
-  r = r > m ? m : r;
-  return r < -m ? -m : r;
+  return clamp_magnitude_by_compares(r, m);
 }
 
 #define MXOPS_VECTOR_LANES(W)                                                                 \

@@ -409,7 +409,7 @@ struct MxLanes {
   static constexpr bool kDirect = Kind == kMxFloatElement;
   static constexpr bool kIntDirect = Kind == kMxIntElement && Mode == kHalfEven;
   using Fast = std::conditional_t<kDirect, MxDirectSigned<F>,
-                                  std::conditional_t<kIntDirect, DirectRound<F, DirectClamp::kUpper>, MxScale<F>>>;
+                                  std::conditional_t<kIntDirect, MxIntDirect<I>, MxScale<F>>>;
   static constexpr bool kSubBlocks = false;
   MxElement element;
   MXOPS_VINL K key(F x) const { return finite_exponent_key(f2u(x)); }

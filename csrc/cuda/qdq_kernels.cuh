@@ -249,7 +249,7 @@ struct FastPolicy : Policy {
 // or the MX int8 element's (kMxInt: mx_int_direct_params).
 template <bool kMxInt>
 struct DirectRoundForm {
-  using Params = DirectRound<float, kMxInt ? DirectClamp::kUpper : DirectClamp::kSymmetric>;
+  using Params = std::conditional_t<kMxInt, MxIntDirect<int>, DirectRound<float>>;
   static constexpr bool kNeedsLeast = true;  // negative zeros and tiny negatives need the sign fix-up
   int m;              // to_bfp's mantissa bits
   MxElement element;  // the int8 element
