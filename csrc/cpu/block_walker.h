@@ -482,6 +482,11 @@ struct Walker {
   static constexpr bool kHalfVectorBlocks = W == 16 && Pol::kPlain > 0 && !Pol::kSubBlocks;
   static constexpr int64_t kTileVectors = kTileColumns / W;
 
+  // The element functions of the fast form's parameters: the plain form without its clamp,
+  // the plain form, apply_fast, or (kPlain > 1) the first two with the sign fix-up of a -0 or
+  // negative tiny x (apply_finite_unclamped, apply_finite).
+  enum class FastForm : uint8_t { kUnclamped, kPlain, kFast, kFiniteUnclamped, kFinite };
+
   const T* x;
   T* y;
   int64_t length, inner, bs, sub;
@@ -631,6 +636,21 @@ struct Walker {
       each(pol.params(s, s), [&](F v, const auto& pi) { return pol.apply(v, pi); });
   }
 
+  // What blocks_plain's second pass takes from its first (plain_first): the W blocks'
+  // parameters, their form (kMinAfter: the form without the sign fix-up, which the second pass
+  // adds where its minimum shows a -0 or a negative tiny x) and whether the clamp applies.
+  template <class Prm>
+  struct PlainSpan {
+    Prm prm;
+    FastForm form;
+    bool unclamped;
+  };
+  template <int kNv>
+  using PlainGroups = std::integral_constant<int, kNv == kHalfVector ? W / 2 : W>;
+  template <int kNv>
+  using PlainQuotients = Quotients<PlainGroups<kNv>::value * (kNv == kHalfVector ? 1 : kNv)>;
+  using PlainSpanOf = PlainSpan<decltype(std::declval<const Pol&>().fast_params(I{}, I{}))>;
+
   // W blocks of kNv vectors each from p (bs == kNv * W) for the plain form's policies
   // (Pol::kPlain > 0), as column_blocks takes a column: their greatest magnitudes first (3
   // operations per vector where the keys take 4-5), the W maxima in one vector
@@ -661,13 +681,24 @@ struct Walker {
   // vector at 4 Mi (0.68-0.74 -> 0.64-0.71), which keep it.
   template <int kNv, bool kMinAfter = false>
   MXOPS_VINL bool blocks_plain(const Pol& pol, const T* p, T* q) const {
+    PlainQuotients<kNv> kept;
+    PlainSpanOf span;
+    if (!plain_first<kNv, kMinAfter>(pol, p, q, kept, span)) return false;
+    plain_second<kNv, kMinAfter>(pol, span, p, q, kept);
+    return true;
+  }
+
+  // blocks_plain's first pass over the W blocks from p: their parameters and form into
+  // `span`; false where they do not all take the fast form.
+  template <int kNv, bool kMinAfter>
+  MXOPS_VINL bool plain_first(const Pol& pol, const T* p, T* q, PlainQuotients<kNv>& kept,
+                              PlainSpanOf& span) const {
     static_assert(kNv > 0 || kHalfVectorBlocks, "blocks of half a vector: 16 lanes, the plain form");
     constexpr bool kHalves = kNv == kHalfVector;
-    constexpr int kGroups = kHalves ? W / 2 : W;  // vector groups: a block, or a vector of two
-    constexpr int kPer = kHalves ? 1 : kNv;       // vectors a group
+    constexpr int kGroups = PlainGroups<kNv>::value;  // vector groups: a block, or a vector of two
+    constexpr int kPer = kHalves ? 1 : kNv;             // vectors a group
     I a[kGroups];
     I bmin{};
-    Quotients<kGroups * kPer> kept;
 #pragma GCC unroll 16
     for (int b = 0; b < kGroups; ++b) {
       I m{};
@@ -692,12 +723,27 @@ struct Walker {
     // with Inf or NaN, whose results the finite test masks.
     const I s = pol.exponent_of_magnitude(amax);
     if (!L::all(fast_usable(pol, amax, s))) return false;
-    const auto prm = pol.fast_params(s, s);
+    span.prm = pol.fast_params(s, s);
+    span.unclamped = pol.unclamped(span.prm, amax);
+    bool plain = true;  // else a -0 or a negative tiny x: the finite form (kPlain > 1)
+    if constexpr (Pol::kPlain > 1 && !kMinAfter) plain = L::all(no_negative_tiny(bmin));
+    span.form = finite_form(true, plain, span.unclamped);
+    return true;
+  }
+
+  // blocks_plain's second pass: the W blocks from p in span's form, to q.
+  template <int kNv, bool kMinAfter>
+  MXOPS_VINL void plain_second(const Pol& pol, const PlainSpanOf& span, const T* p, T* q,
+                               const PlainQuotients<kNv>& kept) const {
+    constexpr bool kHalves = kNv == kHalfVector;
+    constexpr int kGroups = PlainGroups<kNv>::value;
+    constexpr int kPer = kHalves ? 1 : kNv;
+    I bmin{};
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     auto each = [&](auto apply) {
 #pragma GCC unroll 16
       for (int b = 0; b < kGroups; ++b) {
-        const auto pb = broadcast_params<kHalves>(prm, b);
+        const auto pb = broadcast_params<kHalves>(span.prm, b);
 #pragma GCC unroll 4
         for (int i = 0; i < kPer; ++i) {
           const int64_t off = (b * kPer + i) * W;
@@ -708,16 +754,50 @@ struct Walker {
         }
       }
     };
-    const bool unclamped = pol.unclamped(prm, amax);
-    if constexpr (Pol::kPlain > 1 && kMinAfter) {
-      in_form(pol, finite_form(true, true, unclamped), each);
-      if (!L::all(no_negative_tiny(bmin))) in_form(pol, finite_form(true, false, unclamped), each);
-      return true;
+    in_form(pol, span.form, each);
+    if constexpr (Pol::kPlain > 1 && kMinAfter)
+      if (!L::all(no_negative_tiny(bmin))) in_form(pol, finite_form(true, false, span.unclamped), each);
+  }
+
+  // blocks_plain over the spans of W blocks from g (span elements each) while it takes them,
+  // the next span's first pass before this one's second (software pipelining): the first
+  // pass's chain of dependent operations (the loads, the transposing maximum, the parameters
+  // and the tests, with the branch on them at its end) then runs beside the previous span's
+  // rounding instead of ahead of its own, where the reorder window held about one and a half
+  // spans of BFP16's blocks of 8 and the walk waited on that chain. Measured on Zen 4 (AVX2
+  // walker for rows there, one thread; `ort-mx-bench --kernel --nchwc --configs BFP16 --input
+  // hardswish`, the orientation classifier's five activation shapes, --other-native): BFP16 in
+  // the NCHWc view 0.75x the time (211 -> 159 us); blocked axis innermost (`ort-mx-bench
+  // --layouts innermost`, two threads) BFP16 1.08-1.16x the GB/s at 64 Ki - 1 Mi, the blocks
+  // of 32 (MXINT8, MXFP) within 0.97-1.03. (The same order in the NCHWc pixel walk,
+  // pixel_groups, made MXINT8 1.03x and the MXFP formats 1.04-1.06x the time: not kept.)
+  // kNv == 1: a span blocks_plain refuses goes to blocks_of_vectors, as in span_blocks.
+  // Returns where it stopped. Not for Float32Divided, whose first pass keeps its quotients.
+  template <int kNv, bool kMinAfter>
+  MXOPS_VINL int64_t plain_spans_pipelined(const Pol& pol, const T* px, T* py, int64_t g,
+                                           int64_t n_simd) const {
+    static_assert(!kKeepQuotients, "the pipelined spans keep no quotients");
+    constexpr int64_t span = kNv == kHalfVector ? W / 2 * W : kNv * W * W;
+    PlainQuotients<kNv> none;
+    while (g + span <= n_simd) {
+      PlainSpanOf cur;
+      if (!plain_first<kNv, kMinAfter>(pol, px + g, py + g, none, cur)) {
+        if constexpr (kNv != 1) return g;
+        blocks_of_vectors(pol, px + g, py + g);
+        g += span;
+        continue;
+      }
+      for (;;) {
+        const int64_t h = g + span;
+        PlainSpanOf next;
+        const bool next_ok = h + span <= n_simd && plain_first<kNv, kMinAfter>(pol, px + h, py + h, none, next);
+        plain_second<kNv, kMinAfter>(pol, cur, px + g, py + g, none);
+        g = h;
+        if (!next_ok) break;
+        cur = next;
+      }
     }
-    bool plain = true;  // else a -0 or a negative tiny x: the finite form (kPlain > 1)
-    if constexpr (Pol::kPlain > 1) plain = L::all(no_negative_tiny(bmin));
-    in_form(pol, finite_form(true, plain, unclamped), each);
-    return true;
+    return g;
   }
 
   // W blocks of kNv vectors each from p for the sub-block policy (to_bfp_prime) with
@@ -806,11 +886,16 @@ struct Walker {
   // program): blocks of one vector in the NCHWc view (BFP16 with nchwc_block 8, the
   // 224 x 224 orientation classifier's activation shapes) 0.87x the time; blocked axis
   // innermost, rows of 1.5-256 Ki elements: BFP16 0.88x, MXINT8 0.94, MXFP8E4M3 0.95, MX9
-  // 0.97.
+  // 0.97. The plain form's policies take plain_spans_pipelined (but for Float32Divided).
   template <int kNv>
   __attribute__((noinline)) int64_t spans(const Pol pol, const T* px, T* py, int64_t g,
                                           int64_t n_simd) const {
     constexpr int64_t span = kNv == kHalfVector ? W / 2 * W : kNv * W * W;
+    if constexpr (W > 1 && Pol::kPlain > 0 && !Pol::kSubBlocks && !kKeepQuotients) {
+      if (Pol::kPlain > 1 && kNv > 1 && min_after && px != py)  // (span_blocks' kMinAfter)
+        return plain_spans_pipelined<kNv, (Pol::kPlain > 1)>(pol, px, py, g, n_simd);
+      return plain_spans_pipelined<kNv, false>(pol, px, py, g, n_simd);
+    }
     for (; g + span <= n_simd; g += span) {
       if constexpr (kNv == kHalfVector) {
         if (!blocks_plain<kHalfVector>(pol, px + g, py + g)) break;
@@ -1243,10 +1328,6 @@ struct Walker {
     rows_in_form(pol, tally.form(), prm, rows);
   }
 
-  // The element functions of the fast form's parameters: the plain form without its clamp,
-  // the plain form, apply_fast, or (kPlain > 1) the first two with the sign fix-up of a -0 or
-  // negative tiny x (apply_finite_unclamped, apply_finite).
-  enum class FastForm : uint8_t { kUnclamped, kPlain, kFast, kFiniteUnclamped, kFinite };
 
   // The form for a run of finite blocks, added one vector of blocks at a time (parameters
   // prm, greatest magnitude bits a, least bit pattern bmin): the plain form where every
