@@ -648,8 +648,16 @@ struct Walker {
   template <int kNv>
   using PlainGroups = std::integral_constant<int, kNv == kHalfVector ? W / 2 : W>;
   template <int kNv>
-  using PlainQuotients = Quotients<PlainGroups<kNv>::value * (kNv == kHalfVector ? 1 : kNv)>;
+  using PlainPer = std::integral_constant<int, kNv == kHalfVector ? 1 : kNv>;  // vectors a group
+  template <int kNv>
+  using PlainQuotients = Quotients<PlainGroups<kNv>::value * PlainPer<kNv>::value>;
   using PlainSpanOf = PlainSpan<decltype(std::declval<const Pol&>().fast_params(I{}, I{}))>;
+  // The elements of a span of W blocks of kNv vectors (kHalfVector: of half a vector).
+  static constexpr int64_t span_elements(int kNv) { return kNv == kHalfVector ? W / 2 * W : kNv * W * W; }
+  // Whether blocks of several vectors from p to q take kMinAfter (see blocks_plain).
+  MXOPS_VINL bool takes_min_after(const T* p, const T* q) const {
+    return Pol::kPlain > 1 && min_after && p != q;
+  }
 
   // W blocks of kNv vectors each from p (bs == kNv * W) for the plain form's policies
   // (Pol::kPlain > 0), as column_blocks takes a column: their greatest magnitudes first (3
@@ -696,7 +704,7 @@ struct Walker {
     static_assert(kNv > 0 || kHalfVectorBlocks, "blocks of half a vector: 16 lanes, the plain form");
     constexpr bool kHalves = kNv == kHalfVector;
     constexpr int kGroups = PlainGroups<kNv>::value;  // vector groups: a block, or a vector of two
-    constexpr int kPer = kHalves ? 1 : kNv;             // vectors a group
+    constexpr int kPer = PlainPer<kNv>::value;
     I a[kGroups];
     I bmin{};
 #pragma GCC unroll 16
@@ -737,7 +745,7 @@ struct Walker {
                                const PlainQuotients<kNv>& kept) const {
     constexpr bool kHalves = kNv == kHalfVector;
     constexpr int kGroups = PlainGroups<kNv>::value;
-    constexpr int kPer = kHalves ? 1 : kNv;
+    constexpr int kPer = PlainPer<kNv>::value;
     I bmin{};
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     auto each = [&](auto apply) {
@@ -777,7 +785,7 @@ struct Walker {
   MXOPS_VINL int64_t plain_spans_pipelined(const Pol& pol, const T* px, T* py, int64_t g,
                                            int64_t n_simd) const {
     static_assert(!kKeepQuotients, "the pipelined spans keep no quotients");
-    constexpr int64_t span = kNv == kHalfVector ? W / 2 * W : kNv * W * W;
+    constexpr int64_t span = span_elements(kNv);
     PlainQuotients<kNv> none;
     while (g + span <= n_simd) {
       PlainSpanOf cur;
@@ -864,7 +872,7 @@ struct Walker {
       if constexpr (Pol::kPlain > 0) {
         // kMinAfter (blocks of several vectors, out of place, min_after): see blocks_plain.
         constexpr bool kAfter = Pol::kPlain > 1;
-        const bool after = kAfter && min_after && p != q;
+        const bool after = takes_min_after(p, q);
         switch (kNv) {
           case 1: if (blocks_plain<1>(pol, p, q)) return true; break;
           case 2: return after ? blocks_plain<2, kAfter>(pol, p, q) : blocks_plain<2>(pol, p, q);
@@ -890,9 +898,9 @@ struct Walker {
   template <int kNv>
   __attribute__((noinline)) int64_t spans(const Pol pol, const T* px, T* py, int64_t g,
                                           int64_t n_simd) const {
-    constexpr int64_t span = kNv == kHalfVector ? W / 2 * W : kNv * W * W;
+    constexpr int64_t span = span_elements(kNv);
     if constexpr (W > 1 && Pol::kPlain > 0 && !Pol::kSubBlocks && !kKeepQuotients) {
-      if (Pol::kPlain > 1 && kNv > 1 && min_after && px != py)  // (span_blocks' kMinAfter)
+      if (kNv > 1 && takes_min_after(px, py))  // (as span_blocks)
         return plain_spans_pipelined<kNv, (Pol::kPlain > 1)>(pol, px, py, g, n_simd);
       return plain_spans_pipelined<kNv, false>(pol, px, py, g, n_simd);
     }
@@ -1328,7 +1336,6 @@ struct Walker {
     rows_in_form(pol, tally.form(), prm, rows);
   }
 
-
   // The form for a run of finite blocks, added one vector of blocks at a time (parameters
   // prm, greatest magnitude bits a, least bit pattern bmin): the plain form where every
   // block is plain, without its clamp where no block's greatest magnitude rounds past it
@@ -1666,7 +1673,7 @@ struct Walker {
     // kPlain > 1, a full tile of 16 rows or more out of place in an input of kStreamBytes or
     // more: the least bit patterns in the second pass (whole_block_rows<true>).
     constexpr bool kAfter = Pol::kPlain > 1 && kKeep == 0;
-    const bool after = kAfter && min_after && nv == kTileVectors && n >= 16 && px != py;
+    const bool after = kAfter && nv == kTileVectors && n >= 16 && takes_min_after(px, py);
     if constexpr (Pol::kPlain > 0) {
       // A full tile's vector count fixed at compile time: the loop over the vectors unrolls
       // and the maxima stay in registers instead of a load and a store per vector and row
