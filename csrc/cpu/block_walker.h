@@ -767,45 +767,65 @@ struct Walker {
       if (!L::all(no_negative_tiny(bmin))) in_form(pol, finite_form(true, false, span.unclamped), each);
   }
 
-  // blocks_plain over the spans of W blocks from g (span elements each) while it takes them,
-  // the next span's first pass before this one's second (software pipelining): the first
-  // pass's chain of dependent operations (the loads, the transposing maximum, the parameters
-  // and the tests, with the branch on them at its end) then runs beside the previous span's
-  // rounding instead of ahead of its own, where the reorder window held about one and a half
-  // spans of BFP16's blocks of 8 and the walk waited on that chain. Measured on Zen 4 (AVX2
-  // walker for rows there, one thread; `ort-mx-bench --kernel --nchwc --configs BFP16 --input
-  // hardswish`, the orientation classifier's five activation shapes, --other-native): BFP16 in
-  // the NCHWc view 0.75x the time (211 -> 159 us); blocked axis innermost (`ort-mx-bench
-  // --layouts innermost`, two threads) BFP16 1.08-1.16x the GB/s at 64 Ki - 1 Mi, the blocks
-  // of 32 (MXINT8, MXFP) within 0.97-1.03. (The same order in the NCHWc pixel walk,
+  // The spans of kSpan elements from g while first(p, q, state) takes them, each span's
+  // second(state, p, q) after the next span's first (software pipelining): the first pass's
+  // chain of dependent operations (the loads, the transposing maximum, the parameters and the
+  // tests, with the branch on them at its end) then runs beside the previous span's rounding
+  // instead of ahead of its own, where the reorder window held about one and a half spans of
+  // BFP16's blocks of 8 and the walk waited on that chain. A span first refuses goes to
+  // refused(p, q): true where it handled that span (the walk goes on), false to stop there.
+  // Returns where it stopped. Measured on Zen 4 (AVX2 walker for rows there, one thread;
+  // `ort-mx-bench --kernel --nchwc --input hardswish`, the orientation classifier's five
+  // activation shapes, --other-native): BFP16 in the NCHWc view 0.75x the time (211 -> 159 us;
+  // blocks_plain), MX9 / MX6 / MX4 (blocks_sub, two AVX2 vectors a block) 0.93x (154 -> 144
+  // us); blocked axis innermost (`ort-mx-bench --layouts innermost`, two threads) BFP16
+  // 1.08-1.16x the GB/s at 64 Ki - 1 Mi, MX9 / MX6 / MX4 1.00-1.08x at 64 Ki - 4 Mi, the
+  // blocks of 32 (MXINT8, MXFP) within 0.97-1.03. (The same order in the NCHWc pixel walk,
   // pixel_groups, made MXINT8 1.03x and the MXFP formats 1.04-1.06x the time: not kept.)
-  // kNv == 1: a span blocks_plain refuses goes to blocks_of_vectors, as in span_blocks.
-  // Returns where it stopped. Not for Float32Divided, whose first pass keeps its quotients.
-  template <int kNv, bool kMinAfter>
-  MXOPS_VINL int64_t plain_spans_pipelined(const Pol& pol, const T* px, T* py, int64_t g,
-                                           int64_t n_simd) const {
-    static_assert(!kKeepQuotients, "the pipelined spans keep no quotients");
-    constexpr int64_t span = span_elements(kNv);
-    PlainQuotients<kNv> none;
-    while (g + span <= n_simd) {
-      PlainSpanOf cur;
-      if (!plain_first<kNv, kMinAfter>(pol, px + g, py + g, none, cur)) {
-        if constexpr (kNv != 1) return g;
-        blocks_of_vectors(pol, px + g, py + g);
-        g += span;
+  template <int64_t kSpan, class State, class First, class Second, class Refused>
+  static MXOPS_VINL int64_t pipelined_spans(const T* px, T* py, int64_t g, int64_t n_simd,
+                                            First first, Second second, Refused refused) {
+    while (g + kSpan <= n_simd) {
+      State cur;
+      if (!first(px + g, py + g, cur)) {
+        if (!refused(px + g, py + g)) return g;
+        g += kSpan;
         continue;
       }
       for (;;) {
-        const int64_t h = g + span;
-        PlainSpanOf next;
-        const bool next_ok = h + span <= n_simd && plain_first<kNv, kMinAfter>(pol, px + h, py + h, none, next);
-        plain_second<kNv, kMinAfter>(pol, cur, px + g, py + g, none);
+        const int64_t h = g + kSpan;
+        State next;
+        const bool next_ok = h + kSpan <= n_simd && first(px + h, py + h, next);
+        second(cur, px + g, py + g);
         g = h;
         if (!next_ok) break;
         cur = next;
       }
     }
     return g;
+  }
+
+  // blocks_plain over the spans of W blocks from g (pipelined_spans); kNv == 1: a span
+  // blocks_plain refuses goes to blocks_of_vectors, as in span_blocks. Not for Float32Divided,
+  // whose first pass keeps its quotients.
+  template <int kNv, bool kMinAfter>
+  MXOPS_VINL int64_t plain_spans_pipelined(const Pol& pol, const T* px, T* py, int64_t g,
+                                           int64_t n_simd) const {
+    static_assert(!kKeepQuotients, "the pipelined spans keep no quotients");
+    PlainQuotients<kNv> none;
+    return pipelined_spans<span_elements(kNv), PlainSpanOf>(
+        px, py, g, n_simd,
+        [&](const T* p, T* q, PlainSpanOf& span) MXOPS_LAMBDA_INL {
+          return plain_first<kNv, kMinAfter>(pol, p, q, none, span);
+        },
+        [&](const PlainSpanOf& span, const T* p, T* q) MXOPS_LAMBDA_INL {
+          plain_second<kNv, kMinAfter>(pol, span, p, q, none);
+        },
+        [&](const T* p, T* q) MXOPS_LAMBDA_INL {
+          if constexpr (kNv != 1) return false;
+          blocks_of_vectors(pol, p, q);
+          return true;
+        });
   }
 
   // W blocks of kNv vectors each from p for the sub-block policy (to_bfp_prime) with
@@ -820,8 +840,18 @@ struct Walker {
   // W blocks does not take that form.
   template <int kNv>
   MXOPS_VINL bool blocks_sub(const Pol& pol, const T* p, T* q) const {
-    K a[W];
     Quotients<W * kNv> kept;
+    I s;
+    if (!sub_first<kNv>(pol, p, q, kept, s)) return false;
+    sub_second<kNv>(pol, s, p, q, kept);
+    return true;
+  }
+
+  // blocks_sub's first pass over the W blocks from p: s, lane b block b's maximum; false where
+  // they do not all take that form.
+  template <int kNv>
+  MXOPS_VINL bool sub_first(const Pol& pol, const T* p, T* q, Quotients<W * kNv>& kept, I& s) const {
+    K a[W];
 #pragma GCC unroll 16
     for (int b = 0; b < W; ++b) {
       K m{};
@@ -836,8 +866,14 @@ struct Walker {
       }
       a[b] = m;
     }
-    const I s = pol.exponent(L::transpose_max(a));  // lane b: block b's maximum
-    if (!(Pol::kFastMode && L::all(pol.fast_mask(s) & pol.normal_mask(s)))) return false;
+    s = pol.exponent(L::transpose_max(a));  // lane b: block b's maximum
+    return Pol::kFastMode && L::all(pol.fast_mask(s) & pol.normal_mask(s));
+  }
+
+  // blocks_sub's second pass: the W blocks from p with maxima s, to q.
+  template <int kNv>
+  MXOPS_VINL void sub_second(const Pol& pol, I s, const T* p, T* q,
+                             [[maybe_unused]] const Quotients<W * kNv>& kept) const {
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
 #pragma GCC unroll 16
     for (int b = 0; b < W; ++b) {
@@ -850,7 +886,19 @@ struct Walker {
         store(q + off, pol.apply_normal(v, pol.fast_params(sb, sm)));
       }
     }
-    return true;
+  }
+
+  // blocks_sub over the spans of W blocks from g (pipelined_spans), sub-blocks of two lanes.
+  template <int kNv>
+  MXOPS_VINL int64_t sub_spans_pipelined(const Pol& pol, const T* px, T* py, int64_t g,
+                                         int64_t n_simd) const {
+    static_assert(!kKeepQuotients, "the pipelined spans keep no quotients");
+    Quotients<W * kNv> none;
+    return pipelined_spans<span_elements(kNv), I>(
+        px, py, g, n_simd,
+        [&](const T* p, T* q, I& s) MXOPS_LAMBDA_INL { return sub_first<kNv>(pol, p, q, none, s); },
+        [&](const I& s, const T* p, T* q) MXOPS_LAMBDA_INL { sub_second<kNv>(pol, s, p, q, none); },
+        [](const T*, T*) { return false; });
   }
 
   // W blocks of kNv = 1, 2 or 4 vectors each from p, where a policy has a walk for them:
@@ -894,7 +942,8 @@ struct Walker {
   // program): blocks of one vector in the NCHWc view (BFP16 with nchwc_block 8, the
   // 224 x 224 orientation classifier's activation shapes) 0.87x the time; blocked axis
   // innermost, rows of 1.5-256 Ki elements: BFP16 0.88x, MXINT8 0.94, MXFP8E4M3 0.95, MX9
-  // 0.97. The plain form's policies take plain_spans_pipelined (but for Float32Divided).
+  // 0.97. The plain form's policies take plain_spans_pipelined, to_bfp_prime with sub-blocks of
+  // two sub_spans_pipelined (but for Float32Divided).
   template <int kNv>
   __attribute__((noinline)) int64_t spans(const Pol pol, const T* px, T* py, int64_t g,
                                           int64_t n_simd) const {
@@ -904,6 +953,8 @@ struct Walker {
         return plain_spans_pipelined<kNv, (Pol::kPlain > 1)>(pol, px, py, g, n_simd);
       return plain_spans_pipelined<kNv, false>(pol, px, py, g, n_simd);
     }
+    if constexpr (W > 1 && Pol::kSubBlocks && !kKeepQuotients && kNv != kHalfVector)
+      if (sub == 2) return sub_spans_pipelined<kNv>(pol, px, py, g, n_simd);
     for (; g + span <= n_simd; g += span) {
       if constexpr (kNv == kHalfVector) {
         if (!blocks_plain<kHalfVector>(pol, px + g, py + g)) break;
@@ -956,7 +1007,7 @@ struct Walker {
     const int span_nv = W == 1 ? 0 : bs == W ? 1 : bs == 2 * W ? 2 : bs == 4 * W ? 4 : 0;
     const int64_t span = span_nv * W * W;
     // Blocks of half a vector (AVX-512, BFP16): W at a time, the plain form's policies.
-    const int64_t half_span = kHalfVectorBlocks && 2 * bs == W ? W / 2 * W : 0;
+    const int64_t half_span = kHalfVectorBlocks && 2 * bs == W ? span_elements(kHalfVector) : 0;
     for (int64_t g = 0; g < n_simd;) {
       int64_t stop = n_simd;
       if constexpr (kHalfVectorBlocks) {
