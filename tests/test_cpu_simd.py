@@ -237,6 +237,64 @@ def test_innermost_blocks_near_the_clamp(config, dtype, isa):
                               f"{config} {dtype} {x.shape} spoilt={spoil} {isa}")
 
 
+def _negative_zero_spans(rows, cols, first_has_zero, rng):
+    """float32 [rows, cols] in spans of 64 elements (eight blocks of 8), each span of one kind
+    in random order: Hardswish of 3 * N(0, 1) (a sixth -0); the same times 512 (block maxima past
+    256) with negative subnormals at 2^-148, which such blocks round to -0, and at 2^-140, which
+    they round to +0; small values with negative subnormals and -0; no -0 at all; an Inf or NaN
+    among ordinary values. Each row's first span holds a -0 or not as `first_has_zero` says."""
+    def hardswish(n):
+        v = rng.standard_normal(n).astype(np.float32) * np.float32(3)
+        return v * np.clip(v + np.float32(3), 0, 6) / np.float32(6)
+
+    tiny = np.array([-(2.0**-148), -(2.0**-140), -0.0], np.float32)
+    x = np.empty((rows, cols), np.float32)
+    for r in range(rows):
+        for c0 in range(0, cols, 64):
+            kind = rng.integers(0, 5) if c0 else (0 if first_has_zero else 3)
+            if kind == 0:
+                span = hardswish(64)
+                span[rng.integers(0, 64)] = -0.0
+            elif kind == 1:
+                span = hardswish(64) * np.float32(512)
+                span[rng.choice(64, 6, replace=False)] = rng.choice(tiny, 6)
+            elif kind == 2:
+                span = rng.standard_normal(64).astype(np.float32)
+                span[rng.choice(64, 6, replace=False)] = rng.choice(tiny, 6)
+            elif kind == 3:
+                span = np.abs(rng.standard_normal(64)).astype(np.float32) * rng.choice([-1, 1], 64)
+                span[span == 0] = 1.0
+            else:
+                span = rng.standard_normal(64).astype(np.float32)
+                span[rng.integers(0, 64)] = rng.choice([np.inf, -np.inf, np.nan])
+            x[r, c0:c0 + 64] = span
+    return x
+
+
+# BFP16's spans of W blocks along rows (block_walker.h, plain_spans_pipelined): where a walk's
+# first span holds a -0, every span takes the finite form with -0 as its one bound (kd <= 0) and
+# the spans with a block maximum of 256 or more (kd > 0, where negative subnormals down to
+# 2^(kd - 150) round to -0 too) go to the walk by blocks; else a span takes the plain form where
+# it holds no -0 or negative subnormal. Rows whose first span holds a -0 and rows whose first
+# does not, then spans of every kind in random order (also through the NCHWc view, whose
+# 16-channel groups are such rows); every path against the numpy reference.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["BFP16", "MXINT8"])
+def test_innermost_spans_with_negative_zeros(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(17 * len(config) + len(dtype))
+    for first_has_zero in (True, False):
+        x = _negative_zero_spans(24, 64 * 37, first_has_zero, rng)
+        xs, bf = _as_dtype(x, dtype, np.float32(1 / 8))
+        attrs = dict(spec.attrs, axis=1)
+        with cpu_path(isa):
+            got = nat(xs, dtype=bf, threads=2, **attrs)
+        assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                          f"{config} {dtype} first span with -0: {first_has_zero} {isa}")
+
+
 # Blocked axis outer, rows a multiple of 2 KiB apart and blocks of 16 or 32 rows: the row walk
 # (block_walker.h, row_walk), both passes a whole row of up to 1024 columns at a time, each
 # segment of 128 columns in its own form: the rounding alone, with the clamp, the fast form (a

@@ -680,6 +680,26 @@ MXOPS_HD F direct_round_element_finite_unclamped(F x, const DirectRound<F, C>& p
   return with_tiny_sign(direct_round_element_unclamped(x, p), x, p);
 }
 
+// Blocks whose kd is at most 0 (ntiny 0x80000001: 2^(kd - 150) is below the least subnormal):
+// the x whose x * 2^-kd is -0 are -0 alone, the same for every such block, so a walk over
+// several blocks at once compares x with a constant instead of with each block's ntiny (which
+// it would first compute and broadcast to the block's lanes).
+template <class F>
+MXOPS_HD F with_zero_sign(F r, F x) {
+  return select(as_int(f2u(x)) == splat<LaneI<F>>(static_cast<int32_t>(0x80000000u)), x, r);
+}
+
+// direct_round_element_finite and direct_round_element_finite_unclamped for a block of kd <= 0.
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_finite_zero(F x, const DirectRound<F, C>& p) {
+  return with_zero_sign(direct_round_element_plain(x, p), x);
+}
+
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_finite_zero_unclamped(F x, const DirectRound<F, C>& p) {
+  return with_zero_sign(direct_round_element_unclamped(x, p), x);
+}
+
 template <class F, DirectClamp C>
 MXOPS_HD F direct_round_element(F x, const DirectRound<F, C>& p) {
   const F y = direct_round_element_finite(x, p);
@@ -691,6 +711,11 @@ MXOPS_HD F direct_round_element(F x, const DirectRound<F, C>& p) {
 // ±(2^m - 1).
 template <class I>
 MXOPS_HD LaneMask<I> bfp_direct_block(I s, int m) { return direct_round_block(bfp_scale_exponent(s, m), 0); }
+
+// Whether bfp_direct_params(s, m) has kd <= 0 (direct_round_element_finite_zero applies):
+// block maxima below 2^m.
+template <class I>
+MXOPS_HD LaneMask<I> bfp_direct_tiny_is_zero(I s, int m) { return bfp_scale_exponent(s, m) <= 0; }
 
 template <class I>
 MXOPS_HD DirectRound<LaneF<I>> bfp_direct_params(I s, int m) {
