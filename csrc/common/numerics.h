@@ -662,42 +662,39 @@ MXOPS_HD LaneMask<F> direct_round_unclamped(LaneI<F> a, const DirectRound<F, C>&
 // quantum, and the clamp keeps +0): the result there is -0, so a select replaces r (two
 // vector operations, the compare and a blend, where OR-ing a shifted mask into r took three;
 // docs/speed-log.md, "Negative zeros in one select"). Inf and NaN are the x with x - x unordered.
-template <class F, DirectClamp C>
-MXOPS_HD F with_tiny_sign(F r, F x, const DirectRound<F, C>& p) {
-  return select(p.ntiny > as_int(f2u(x)), splat<F>(-0.0f), r);
+template <class F>
+MXOPS_HD F with_tiny_sign(F r, F x, LaneI<F> ntiny) {
+  return select(ntiny > as_int(f2u(x)), splat<F>(-0.0f), r);
 }
 
+// ntiny of every block whose kd is at most 0 (2^(kd - 150) is below the least subnormal): -0
+// is then the one x below it, the same for all such blocks, so a walk over several blocks at
+// once can compare x with this constant instead of with each block's ntiny (which it would
+// first compute and broadcast to the block's lanes).
+constexpr int32_t kNtinyOfKdAtMostZero = static_cast<int32_t>(0x80000001u);
+
 // direct_round_element for a block known finite: the plain form, and x's sign back on the zero
-// of a negative x at or below 2^(kd - 150) (-0 among them, as Hardswish gives below -3).
+// of a negative x below ntiny (-0 among them, as Hardswish gives below -3). ntiny: the
+// block's (p.ntiny), or kNtinyOfKdAtMostZero where its kd is known to be at most 0.
+template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_finite(F x, const DirectRound<F, C>& p, LaneI<F> ntiny) {
+  return with_tiny_sign(direct_round_element_plain(x, p), x, ntiny);
+}
+
 template <class F, DirectClamp C>
 MXOPS_HD F direct_round_element_finite(F x, const DirectRound<F, C>& p) {
-  return with_tiny_sign(direct_round_element_plain(x, p), x, p);
+  return direct_round_element_finite(x, p, p.ntiny);
 }
 
 // The same where the clamp changes nothing (direct_round_unclamped).
 template <class F, DirectClamp C>
+MXOPS_HD F direct_round_element_finite_unclamped(F x, const DirectRound<F, C>& p, LaneI<F> ntiny) {
+  return with_tiny_sign(direct_round_element_unclamped(x, p), x, ntiny);
+}
+
+template <class F, DirectClamp C>
 MXOPS_HD F direct_round_element_finite_unclamped(F x, const DirectRound<F, C>& p) {
-  return with_tiny_sign(direct_round_element_unclamped(x, p), x, p);
-}
-
-// Blocks whose kd is at most 0 (ntiny 0x80000001: 2^(kd - 150) is below the least subnormal):
-// the x whose x * 2^-kd is -0 are -0 alone, the same for every such block, so a walk over
-// several blocks at once compares x with a constant instead of with each block's ntiny (which
-// it would first compute and broadcast to the block's lanes).
-template <class F>
-MXOPS_HD F with_zero_sign(F r, F x) {
-  return select(as_int(f2u(x)) == splat<LaneI<F>>(static_cast<int32_t>(0x80000000u)), x, r);
-}
-
-// direct_round_element_finite and direct_round_element_finite_unclamped for a block of kd <= 0.
-template <class F, DirectClamp C>
-MXOPS_HD F direct_round_element_finite_zero(F x, const DirectRound<F, C>& p) {
-  return with_zero_sign(direct_round_element_plain(x, p), x);
-}
-
-template <class F, DirectClamp C>
-MXOPS_HD F direct_round_element_finite_zero_unclamped(F x, const DirectRound<F, C>& p) {
-  return with_zero_sign(direct_round_element_unclamped(x, p), x);
+  return direct_round_element_finite_unclamped(x, p, p.ntiny);
 }
 
 template <class F, DirectClamp C>
@@ -712,7 +709,7 @@ MXOPS_HD F direct_round_element(F x, const DirectRound<F, C>& p) {
 template <class I>
 MXOPS_HD LaneMask<I> bfp_direct_block(I s, int m) { return direct_round_block(bfp_scale_exponent(s, m), 0); }
 
-// Whether bfp_direct_params(s, m) has kd <= 0 (direct_round_element_finite_zero applies):
+// Whether bfp_direct_params(s, m) has kd <= 0 (its ntiny is kNtinyOfKdAtMostZero):
 // block maxima below 2^m.
 template <class I>
 MXOPS_HD LaneMask<I> bfp_direct_tiny_is_zero(I s, int m) { return bfp_scale_exponent(s, m) <= 0; }

@@ -359,8 +359,12 @@ struct BfpLanes {
   // 0 from maxima of 2.
   static constexpr bool kTinyZeroSpans = kDirect;
   MXOPS_VINL bool tiny_is_zero(I s) const { return L::all(bfp_direct_tiny_is_zero(s, m)); }
-  MXOPS_VINL F apply_finite_zero_unclamped(F x, const Fast& p) const { return direct_round_element_finite_zero_unclamped(x, p); }
-  MXOPS_VINL F apply_finite_zero(F x, const Fast& p) const { return direct_round_element_finite_zero(x, p); }
+  MXOPS_VINL F apply_finite_zero_unclamped(F x, const Fast& p) const {
+    return direct_round_element_finite_unclamped(x, p, splat<I>(kNtinyOfKdAtMostZero));
+  }
+  MXOPS_VINL F apply_finite_zero(F x, const Fast& p) const {
+    return direct_round_element_finite(x, p, splat<I>(kNtinyOfKdAtMostZero));
+  }
   MXOPS_VINL BfpLanes<ScalarLanes, Mode, Small> scalar() const { return {m}; }
 };
 
@@ -791,13 +795,7 @@ struct Walker {
         }
       }
     };
-    if constexpr (kTinyZero<kMinAfter>) {
-      if (span.form == FastForm::kFiniteUnclamped)
-        return each([&](F x, const auto& pb) MXOPS_LAMBDA_INL { return pol.apply_finite_zero_unclamped(x, pb); });
-      if (span.form == FastForm::kFinite)
-        return each([&](F x, const auto& pb) MXOPS_LAMBDA_INL { return pol.apply_finite_zero(x, pb); });
-    }
-    in_form(pol, span.form, each);
+    in_form<kTinyZero<kMinAfter>>(pol, span.form, each);
     if constexpr (Pol::kPlain > 1 && kMinAfter)
       if (!L::all(no_negative_tiny(bmin))) in_form(pol, finite_form(true, false, span.unclamped), each);
   }
@@ -1471,15 +1469,22 @@ struct Walker {
 
   // each(apply) with apply(x, prm) the element function of `form` (the one place that maps a
   // form to its function: the column, tile and row walks, blocks_plain, pixel_group_finite,
-  // pixel_group).
-  template <class Each>
+  // pixel_group). kZeroBound: the finite forms with -0 as their one bound (apply_finite_zero*,
+  // blocks_plain's spans of blocks of kd <= 0, kTinyZero).
+  template <bool kZeroBound = false, class Each>
   static MXOPS_VINL void in_form(const Pol& pol, FastForm form, const Each& each) {
     if constexpr (Pol::kPlain > 0) {
       if (form == FastForm::kUnclamped) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_unclamped(x, p); });
       if (form == FastForm::kPlain) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_plain(x, p); });
       if constexpr (Pol::kPlain > 1) {
-        if (form == FastForm::kFiniteUnclamped) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_finite_unclamped(x, p); });
-        if (form == FastForm::kFinite) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_finite(x, p); });
+        if (form == FastForm::kFiniteUnclamped) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL {
+          if constexpr (kZeroBound) return pol.apply_finite_zero_unclamped(x, p);
+          else return pol.apply_finite_unclamped(x, p);
+        });
+        if (form == FastForm::kFinite) return each([&](F x, const auto& p) MXOPS_LAMBDA_INL {
+          if constexpr (kZeroBound) return pol.apply_finite_zero(x, p);
+          else return pol.apply_finite(x, p);
+        });
       }
     }
     each([&](F x, const auto& p) MXOPS_LAMBDA_INL { return pol.apply_fast(x, p); });
