@@ -152,8 +152,16 @@ constexpr int64_t kPrefetchBlockBytes = 64;
 // run, without -> with, three or four runs each, 2026-12-02): AVX-512 MXINT8 0.44-0.56 ->
 // 0.68-0.82, MXFP8E4M3 0.44-0.49 -> 0.65-0.70; AVX2 MXINT8 0.78-0.87 -> 0.96-1.04, MXFP8E4M3
 // 0.51-0.96 -> 0.85-0.91 (avx2_takes_long_rows).
-constexpr int64_t kZen5PrefetchBlockBytes = 128;
-int64_t prefetch_block_bytes() { return amd_zen5() ? kZen5PrefetchBlockBytes : kPrefetchBlockBytes; }
+// So do they on an Intel Xeon (family 6 model 167, 48 KiB 12-way L1d, 2 MiB L2; the only
+// Intel model measured): ort-mx-bench, 16 Mi float32 elements, blocked axis innermost, two
+// threads, xNeg in the same run, without -> with (MXOPS_CPU_PREFETCH unset / 1, runs
+// alternating, 2026-12-07): MXINT8 0.89-0.91 -> 1.14-1.17, the MXFP formats 0.86-0.89 ->
+// 1.06-1.13 (BFP16, MX9 / MX6 / MX4 already prefetch); the AVX2 walker there
+// (MXOPS_CPU_ISA=avx2) 0.94-0.97 -> 1.10-1.25.
+constexpr int64_t kWidePrefetchBlockBytes = 128;
+int64_t prefetch_block_bytes() {
+  return amd_zen5() || intel_processor() ? kWidePrefetchBlockBytes : kPrefetchBlockBytes;
+}
 
 // Whether the innermost walks of a call over `bytes` of input, in blocks of `block_bytes`,
 // prefetch: MXOPS_CPU_PREFETCH=1 / 0 forces it on / off (to measure both on one machine);
