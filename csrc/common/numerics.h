@@ -423,14 +423,26 @@ MXOPS_HD F bfp_prime_element_by_addition(F x, const BfpPrimeParams<F>& p) {
 // The same add and sat from exponents kept in place (e << 23, the bits of x & 0x7f800000):
 // es = s - min(s - sub, 2^d - 1) = max(sub, s - (2^d - 1)), so es << 23 is one subtraction and
 // one maximum of the in-place exponents, and add's bits are (es + 24 - m) << 23.
+// It splits into the block's part, the least es it allows (s - (2^d - 1), in place), and the
+// sub-block's: a walk over many sub-blocks of one block computes the first once.
 template <class I>
-MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_addition_params_in_place(I s_bits, I sub_bits, int shift_bits, int m) {
+MXOPS_HD I bfp_prime_floor_in_place(I s_bits, int shift_bits) {
+  return s_bits - (((1 << shift_bits) - 1) << 23);
+}
+
+template <class I>
+MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_addition_params_floor(I floor_bits, I sub_bits, int m) {
   using F = LaneF<I>;
   BfpPrimeParams<F> p{};
-  const I es_bits = imax(sub_bits, s_bits - (((1 << shift_bits) - 1) << 23));
+  const I es_bits = imax(sub_bits, floor_bits);
   p.add = u2f(as_uint(es_bits + ((24 - m) << 23)));
   p.sat = p.add * (static_cast<float>((1u << m) - 1u) * 1.1920928955078125e-7f);  // 2^-23
   return p;
+}
+
+template <class I>
+MXOPS_HD BfpPrimeParams<LaneF<I>> bfp_prime_addition_params_in_place(I s_bits, I sub_bits, int shift_bits, int m) {
+  return bfp_prime_addition_params_floor(bfp_prime_floor_in_place(s_bits, shift_bits), sub_bits, m);
 }
 
 // bfp_prime_element_by_addition without flushing subnormals, the same bits where every

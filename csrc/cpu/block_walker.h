@@ -402,6 +402,9 @@ struct PrimeLanes {
   MXOPS_VINL Fast fast_params(I s, I sub) const {
     return bfp_prime_addition_params_in_place(s, sub, shift_bits, m);
   }
+  // fast_params(s, sub) == fast_params_floor(sub_floor(s), sub): the block's part alone.
+  MXOPS_VINL I sub_floor(I s) const { return bfp_prime_floor_in_place(s, shift_bits); }
+  MXOPS_VINL Fast fast_params_floor(I floor, I sub) const { return bfp_prime_addition_params_floor(floor, sub, m); }
   MXOPS_VINL F apply_fast(F x, const Fast& p) const { return bfp_prime_element_by_addition(x, p); }
   // Within the fast form, blocks whose subnormals round to 0 without the flush.
   MXOPS_VINL auto normal_mask(I s) const { return bfp_prime_addition_normal_block(field(s), m, shift_bits); }
@@ -665,7 +668,8 @@ struct Walker {
   using PlainPer = std::integral_constant<int, kNv == kHalfVector ? 1 : kNv>;  // vectors a group
   template <int kNv>
   using PlainQuotients = Quotients<PlainGroups<kNv>::value * PlainPer<kNv>::value>;
-  using PlainSpanOf = PlainSpan<decltype(std::declval<const Pol&>().fast_params(I{}, I{}))>;
+  using PlainPrm = decltype(std::declval<const Pol&>().fast_params(I{}, I{}));
+  using PlainSpanOf = PlainSpan<PlainPrm>;
   // The elements of a span of W blocks of kNv vectors (kHalfVector: of half a vector).
   static constexpr int64_t span_elements(int kNv) { return kNv == kHalfVector ? W / 2 * W : kNv * W * W; }
   // Whether blocks of several vectors from p to q take kMinAfter (see blocks_plain).
@@ -782,9 +786,7 @@ struct Walker {
     I bmin{};
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
     auto each = [&](auto apply) {
-#pragma GCC unroll 16
-      for (int b = 0; b < kGroups; ++b) {
-        const auto pb = broadcast_params<kHalves>(span.prm, b);
+      auto block = [&](int b, const auto& pb) MXOPS_LAMBDA_INL {
 #pragma GCC unroll 4
         for (int i = 0; i < kPer; ++i) {
           const int64_t off = (b * kPer + i) * W;
@@ -793,6 +795,15 @@ struct Walker {
             bmin = off == 0 ? as_int(f2u(v)) : imin(bmin, as_int(f2u(v)));
           store(q + off, apply(v, pb));
         }
+      };
+      if constexpr (kHalves) {
+#pragma GCC unroll 16
+        for (int b = 0; b < kGroups; ++b) block(b, broadcast_params<true>(span.prm, b));
+      } else {
+        // Each block's parameters a broadcast load, the blocks two at a time (LanesInMemory).
+        const LanesInMemory<PlainPrm> lanes(span.prm);
+#pragma GCC unroll 2
+        for (int b = 0; b < kGroups; ++b) block(b, lanes.at(b));
       }
     };
     in_form<kTinyZero<kMinAfter>>(pol, span.form, each);
@@ -925,20 +936,25 @@ struct Walker {
     return Pol::kFastMode && L::all(pol.fast_mask(s) & pol.normal_mask(s));
   }
 
-  // blocks_sub's second pass: the W blocks from p with maxima s, to q.
+  // blocks_sub's second pass: the W blocks from p with maxima s, to q. The blocks' part of
+  // the parameters (sub_floor) once for all W, each block's a broadcast load (LanesInMemory),
+  // and the loop over the blocks two at a time: fully unrolled with a shuffle per broadcast,
+  // the walk measured 1.08-1.12x the time on a 2-core Xeon (family 6 model 167; MX9, the NCHWc
+  // view in the L2, the walker called directly: "Broadcast loads" in docs/speed-log.md).
   template <int kNv>
   MXOPS_VINL void sub_second(const Pol& pol, I s, const T* p, T* q,
                              [[maybe_unused]] const Quotients<W * kNv>& kept) const {
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
-#pragma GCC unroll 16
+    const LanesInMemory<I> floors(pol.sub_floor(s));  // lane b: block b's least sub-block exponent
+#pragma GCC unroll 2
     for (int b = 0; b < W; ++b) {
-      const I sb = L::broadcast_lane(s, b);
+      const I fb = floors.at(b);
 #pragma GCC unroll 4
       for (int i = 0; i < kNv; ++i) {
         const int64_t off = (b * kNv + i) * W;
         const F v = quotient_or_load(kept, b * kNv + i, p + off);
         const I sm = pol.exponent(L::group_max(pol.key(v), 1));  // sub-blocks of two lanes
-        store(q + off, pol.apply_normal(v, pol.fast_params(sb, sm)));
+        store(q + off, pol.apply_normal(v, pol.fast_params_floor(fb, sm)));
       }
     }
   }
@@ -2037,6 +2053,27 @@ struct Walker {
   static MXOPS_VINL P broadcast_lane(const P& p, int i) {
     return broadcast_params<false>(p, i);
   }
+
+  // A parameter struct's lanes in memory: at(i) is broadcast_lane(p, i), each vector of it a
+  // broadcast load (a load port) where broadcast_lane takes a shuffle. The span walks' second
+  // passes (plain_second, sub_second) take their blocks' parameters this way, in loops over
+  // the blocks two at a time (a smaller loop than the unrolled one with shuffles).
+  template <class P>
+  struct LanesInMemory {
+    static constexpr int kVectors = sizeof(P) / sizeof(K);
+    alignas(64) int32_t lanes[kVectors * W];
+    explicit MXOPS_VINL LanesInMemory(const P& p) {
+      std::memcpy(lanes, &p, sizeof(P));
+      __asm__ volatile("" : "+m"(lanes));  // (each vector a broadcast load, not a shuffle)
+    }
+    MXOPS_VINL P at(int i) const {
+      K v[kVectors];
+      for (int e = 0; e < kVectors; ++e) v[e] = splat<K>(static_cast<uint32_t>(lanes[e * W + i]));
+      P out;
+      std::memcpy(&out, v, sizeof(P));
+      return out;
+    }
+  };
 
   // lanes == W (every row vector is one pixel's W channels of a channel group) and no
   // sub-blocks: up to W pixels at once. Each pixel's column of n row vectors gives its block
