@@ -391,6 +391,37 @@ def _blocks_at_scales(shape, block, rng, lo=-149, hi=127):
     return x.reshape(shape)
 
 
+# A blocked axis shorter than one block, as an image's channels (1, 3 or 5 of them) in blocks
+# of 16 or 32, with rows a multiple of 2 KiB apart: the column walk, not the row walk, whose
+# rule is for blocks of 16 rows or more (block_walker.h, plan_units); an odd number of rows
+# ends MX9's / MX6's / MX4's sub-block pairs in a sub-block of one row (column_sub_blocks).
+# Every path and dtype against the numpy reference, ordinary blocks (the fast forms) and ones
+# at every scale with Inf / NaN / -0 / subnormals.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MX9", "MX6", "MX4", "MXINT8", "MXFP8E4M3", "MXFP4E2M1",
+                                    "BFP16"])
+def test_axis_shorter_than_a_block(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(11 * len(config) + len(dtype))
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 2.0**-140, -(2.0**-140)], np.float32)
+    # rows 2, 4 and 8 KiB apart for float32, 4 and 8 KiB for the 16-bit types
+    for shape in [(1, 3, 16, 32), (2, 3, 32, 32), (1, 3, 32, 64), (1, 1, 16, 64),
+                  (1, 5, 16, 128), (1, 7, 8, 256)]:
+        for scales, spoil in ((False, False), (True, True)):
+            x = _blocks_at_scales(shape, 7, rng) if scales else \
+                (rng.standard_normal(shape) * 4).astype(np.float32)
+            if spoil:
+                x = _sprinkled(x, specials, 300, rng)
+            xs, bf = _as_dtype(x, dtype, np.float32(2.0**-112) if scales else np.float32(1.0))
+            attrs = dict(spec.attrs, axis=1)
+            with cpu_path(isa), np.errstate(over="ignore"):
+                got = nat(xs, dtype=bf, threads=2, **attrs)
+            assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                              f"{config} {dtype} {shape} scales={scales} {isa}")
+
+
 # to_bfp_prime with the blocked axis innermost or in the NCHWc view (nchwc_block >= the block):
 # W blocks at a time (block_walker.h, blocks_sub) where all W are finite and take the
 # one-addition form without the subnormal flush, else one block at a time. Rows of 11 blocks
