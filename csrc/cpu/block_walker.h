@@ -1630,8 +1630,9 @@ struct Walker {
           store(q + c * W, pol.apply_normal(x0, prm));
           store(q + inner + c * W, pol.apply_normal(x1, prm));
         }
-      // An odd n's last row is a sub-block of its own (the 3 channels of an image's pixel:
-      // 1.13x faster than the loop below over the sub-blocks of each column).
+      // An odd n's last row is a sub-block of its own (the 3 channels of an image's pixel; the
+      // walker alone on 1- and 3-channel inputs in cache, MX9 / MX6: 54 us where the loop
+      // below over each column's sub-blocks took 74-75).
       if (j < n)
         for (int c = 0; c < kCols; ++c) {
           const F x0 = in(p, j, c);
