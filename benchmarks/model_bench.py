@@ -183,20 +183,25 @@ def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
         os.remove(prof_path)
     per_node: dict[str, list[float]] = defaultdict(list)
     node_op: dict[str, str] = {}
-    node_elems: dict[str, int] = {}
+    node_shape: dict[str, list[int]] = {}
     node_provider: dict[str, str] = {}
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
             name = e["name"][: -len("_kernel_time")]
             per_node[name].append(float(e["dur"]) * 1e-6)
             node_op[name] = e["args"]["op_name"]
-            node_elems[name] = _first_input_elements(e["args"])
+            node_shape[name] = _first_input_shape(e["args"])
             node_provider[name] = e["args"].get("provider", "")
+    node_elems = {name: int(np.prod(shape)) for name, shape in node_shape.items()}
     by_op: dict[str, dict[str, float]] = {}
     by_size: dict[str, dict[str, dict[str, float]]] = {"ours": {}, "layout": {}}
+    # our nodes and any Neg one by one, so that a model can be set against its +neg form
+    nodes: dict[str, dict[str, Any]] = {}
     for name, durs in per_node.items():
         # the first entry is the warm-up run
         t = statistics.median(durs[1:] if len(durs) > 1 else durs)
+        if node_op[name] in ours or node_op[name] == "Neg":
+            nodes[name] = {"op": node_op[name], "seconds": t, "input_shape": node_shape[name]}
         row = by_op.setdefault(node_op[name], {"seconds": 0.0, "nodes": 0})
         row["seconds"] += t
         row["nodes"] += 1
@@ -229,6 +234,7 @@ def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
         # our nodes and the layout conversions by the element count of their input
         "by_size": {g: {b: by_size[g][b] for b in SIZE_BUCKETS if b in by_size[g]}
                     for g in by_size},
+        "nodes": nodes,
     }
 
 
@@ -240,13 +246,12 @@ def _size_bucket(n: int) -> str:
         SIZE_BUCKETS[2] if n <= 1 << 18 else SIZE_BUCKETS[3]
 
 
-def _first_input_elements(args: dict) -> int:
-    """Elements of a profiled node's first input (0 where the profiler gives no shape)."""
+def _first_input_shape(args: dict) -> list[int]:
+    """The shape of a profiled node's first input ([0] where the profiler gives none)."""
     shapes = args.get("input_type_shape") or []
     if not shapes:
-        return 0
-    dims = next(iter(shapes[0].values()), [])
-    return int(np.prod(dims)) if dims else 1
+        return [0]
+    return [int(d) for d in next(iter(shapes[0].values()), [])]
 
 
 def _interleaved(sessions: dict[str, ort.InferenceSession], feeds: dict[str, np.ndarray],
@@ -461,6 +466,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
             **qinfo.get(label, {}), **checks.get(label, {}), **vs_cpu.get(label, {}),
         })
     add_floor_ratios(rows)
+    add_node_floors(rows)
     return {
         "kind": "model",
         "model": os.path.abspath(opts.model),
@@ -506,6 +512,35 @@ def add_floor_ratios(rows: list[dict]) -> None:
             r["neg_floor_ratio_to_float_warm_paired"] = floor["ratio_to_float_warm_paired"]
 
 
+def add_node_floors(rows: list[dict]) -> None:
+    """For each variant timed beside its ``+neg`` form (--neg-floor), sets its nodes against
+    the ``Neg`` in the same place (the same node name; with_neg_nodes keeps names) by the
+    profiler's per-node median kernel times, grouped by input shape:
+    ``nodes_vs_neg_floor`` lists, largest input first, ``input_shape``, ``nodes``,
+    ``seconds`` (ours, summed) and ``neg_seconds``. Both come from the same interleaved
+    profiled runs, so this says which tensors our arithmetic costs time on."""
+    by_label = {r["variant"]: r for r in rows}
+    for r in rows:
+        floor = by_label.get(r["variant"] + NEG_FLOOR)
+        if floor is None:
+            continue
+        negs = floor["profile"].get("nodes", {})
+        groups: dict[tuple[int, ...], dict[str, Any]] = {}
+        for name, node in r["profile"].get("nodes", {}).items():
+            neg = negs.get(name)
+            if node["op"] == "Neg" or neg is None or neg["op"] != "Neg":
+                continue
+            g = groups.setdefault(tuple(node["input_shape"]),
+                                  {"input_shape": node["input_shape"], "nodes": 0,
+                                   "seconds": 0.0, "neg_seconds": 0.0})
+            g["nodes"] += 1
+            g["seconds"] += node["seconds"]
+            g["neg_seconds"] += neg["seconds"]
+        r["nodes_vs_neg_floor"] = sorted(groups.values(),
+                                         key=lambda g: (-int(np.prod(g["input_shape"])),
+                                                        g["input_shape"]))
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
@@ -526,6 +561,34 @@ def _floor_table(rows: list[dict]) -> list[str]:
             cells += [f"{r['neg_floor_ratio_to_float_warm_paired']:.3f}",
                       f"{r['ratio_to_neg_floor_warm_paired']:.3f}"]
         out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def _node_floor_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: per input shape, each variant's nodes against their Neg (add_node_floors),
+    as microseconds per node, ours / Neg, and the number of such nodes."""
+    shapes: list[list[int]] = []
+    cells: dict[tuple[str, tuple[int, ...]], str] = {}
+    for r in rows:
+        for g in r["nodes_vs_neg_floor"]:
+            if g["input_shape"] not in shapes:
+                shapes.append(g["input_shape"])
+            n = g["nodes"]
+            cells[r["variant"], tuple(g["input_shape"])] = \
+                f"{g['seconds'] / n * 1e6:.1f} / {g['neg_seconds'] / n * 1e6:.1f} ({n})"
+    shapes.sort(key=lambda s: (-int(np.prod(s)), s))
+    head = ["input shape"] + [r["variant"] for r in rows]
+    out = [f"## Our nodes against their Neg, by input shape (µs per node from the profile: "
+           f"ours / {NEG_FLOOR}'s Neg in the same place (nodes))", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape in shapes:
+        out.append(f"| {'x'.join(map(str, shape))} | " +
+                   " | ".join(cells.get((r["variant"], tuple(shape)), "–") for r in rows) + " |")
+    sums = [(sum(g["seconds"] for g in r["nodes_vs_neg_floor"]),
+             sum(g["neg_seconds"] for g in r["nodes_vs_neg_floor"])) for r in rows]
+    out.append("| all (µs per run) | " +
+               " | ".join(f"{a * 1e6:.1f} / {b * 1e6:.1f}" for a, b in sums) + " |")
     out.append("")
     return out
 
@@ -601,6 +664,9 @@ def markdown(doc: dict) -> str:
     above = [r for r in doc["results"] if "ratio_to_neg_floor_paired" in r]
     if above:
         out += _floor_table(above)
+    paired = [r for r in doc["results"] if r.get("nodes_vs_neg_floor")]
+    if paired:
+        out += _node_floor_table(paired)
     if any("bit_identical_to_cpu" in r for r in doc["results"]):
         out.append(f"## On {o['ep']} against the CPU provider (same model, same inputs)")
         out.append("")

@@ -280,11 +280,55 @@ def test_neg_floor_variants(tmp_path):
         assert base["ratio_to_neg_floor_paired"] == pytest.approx(expected, rel=1e-12)
         assert base["neg_floor_ratio_to_float_paired"] == rows[label]["ratio_to_float_paired"]
     assert "ratio_to_neg_floor_paired" not in rows["BF16"]
+    for label in ("MX9", "MX9+nchwc"):
+        # every one of our nodes met its Neg by name; the groups hold the profiled times
+        groups = rows[label]["nodes_vs_neg_floor"]
+        assert sum(g["nodes"] for g in groups) == rows[label]["runtime_nodes"]
+        assert sum(g["seconds"] for g in groups) == \
+            pytest.approx(rows[label]["profile"]["ours_seconds"], rel=1e-12)
+        assert sum(g["neg_seconds"] for g in groups) == \
+            pytest.approx(rows[label + "+neg"]["profile"]["ops"]["Neg"]["seconds"], rel=1e-12)
+        # the 3-channel input and the 16-channel activations, 12 x 12 each
+        assert {tuple(g["input_shape"]) for g in groups} <= {(1, 3, 12, 12), (1, 16, 12, 12)}
+    assert "nodes_vs_neg_floor" not in rows["BF16"]
     report = model_bench.markdown(doc)
+    assert "## Our nodes against their Neg, by input shape" in report
     assert "+neg: the same model with Neg" in report
     assert "## Above the Neg floor" in report
     assert f"| MX9+nchwc | {rows['MX9+nchwc+neg']['ratio_to_float_paired']:.3f} | " \
         f"{rows['MX9+nchwc']['ratio_to_neg_floor_paired']:.3f} |" in report
+
+
+def test_node_floors_pair_nodes_by_name_and_group_by_shape():
+    """add_node_floors: each of our nodes meets the Neg of the same name in the +neg form;
+    sums per input shape, largest first; nodes with no Neg of that name are left out."""
+    def node(op, us, shape):
+        return {"op": op, "seconds": us * 1e-6, "input_shape": shape}
+    rows = [
+        {"variant": "MX9", "profile": {"nodes": {
+            "a": node("MXFixNeuron", 10, [1, 8, 4, 4]),
+            "b": node("MXFixNeuron", 30, [1, 8, 4, 4]),
+            "c": node("MXFixNeuron", 50, [1, 16, 8, 8]),
+            "own_neg": node("Neg", 1, [1, 16, 8, 8]),      # the model's own Neg: not ours
+            "lost": node("MXFixNeuron", 7, [1, 2])}}},     # no Neg of its name in the floor
+        {"variant": "MX9+neg", "profile": {"nodes": {
+            "a": node("Neg", 4, [1, 8, 4, 4]), "b": node("Neg", 6, [1, 8, 4, 4]),
+            "c": node("Neg", 20, [1, 16, 8, 8]), "own_neg": node("Neg", 1, [1, 16, 8, 8])}}},
+        {"variant": "BF16", "profile": {"nodes": {}}},
+    ]
+    model_bench.add_node_floors(rows)
+    groups = rows[0]["nodes_vs_neg_floor"]
+    assert [g["input_shape"] for g in groups] == [[1, 16, 8, 8], [1, 8, 4, 4]]
+    assert [g["nodes"] for g in groups] == [1, 2]
+    assert groups[0]["seconds"] == pytest.approx(50e-6) and groups[0]["neg_seconds"] == \
+        pytest.approx(20e-6)
+    assert groups[1]["seconds"] == pytest.approx(40e-6) and groups[1]["neg_seconds"] == \
+        pytest.approx(10e-6)
+    assert "nodes_vs_neg_floor" not in rows[1] and "nodes_vs_neg_floor" not in rows[2]
+    table = "\n".join(model_bench._node_floor_table(rows[:1]))
+    assert "| 1x16x8x8 | 50.0 / 20.0 (1) |" in table
+    assert "| 1x8x4x4 | 20.0 / 5.0 (2) |" in table
+    assert "| all (µs per run) | 90.0 / 30.0 |" in table
 
 
 def test_floor_ratios_pair_each_variant_with_its_neg_form():
