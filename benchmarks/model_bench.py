@@ -161,22 +161,38 @@ def our_op_types(model: onnx.ModelProto) -> set[str]:
 
 def profile_breakdowns(paths: dict[str, str], feeds: dict[str, np.ndarray], runs: int,
                        threads: int, ours: set[str], workdir: str,
-                       ep: str = CPU_EP, thread_pool: str = "shared") -> dict[str, dict[str, Any]]:
+                       ep: str = CPU_EP, thread_pool: str = "shared",
+                       warm_runs: int = 0) -> dict[str, dict[str, Any]]:
     """Per model of ``paths``, the per-op-type time of one run from onnxruntime's profiler:
-    each node's median kernel time over ``runs`` runs (after one warm-up), summed per op
-    type.  The models run in turns, one run each per round, so load from elsewhere hits them
-    alike.  Shares are of the summed node time, so they add up to 1."""
+    each node's median kernel time over ``runs`` runs (after one warm-up turn), summed per op
+    type.  The models run in turns, so load from elsewhere hits them alike: in its turn a
+    model runs once (cold: the previous turn ran another model) and then ``warm_runs`` times
+    more, whose medians are the ``warm_seconds`` beside each ``seconds`` (none where
+    ``warm_runs`` is 0).  Shares are of the summed (cold) node time, so they add up to 1."""
     sessions = {label: _session(path, threads, optimization=_optimization_of(path),
                                 profile_prefix=os.path.join(workdir, f"profile{i}"), ep=ep,
                                 thread_pool=thread_pool)
                 for i, (label, path) in enumerate(paths.items())}
     for _ in range(runs + 1):
         for sess in sessions.values():
-            sess.run(None, feeds)
-    return {label: _breakdown(sess.end_profiling(), ours) for label, sess in sessions.items()}
+            for _ in range(1 + warm_runs):
+                sess.run(None, feeds)
+    return {label: _breakdown(sess.end_profiling(), ours, 1 + warm_runs)
+            for label, sess in sessions.items()}
 
 
-def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
+def _cold_and_warm(durs: list[float], turn: int) -> tuple[float, Optional[float]]:
+    """The median of a node's kernel times in its model's turns of ``turn`` runs each (the
+    profiler lists them in run order): over each turn's first run, and over the others (None
+    where a turn is one run). The first turn (the warm-up) is left out where there are more."""
+    if len(durs) > turn:
+        durs = durs[turn:]
+    cold = durs[::turn]
+    warm = [d for i, d in enumerate(durs) if i % turn]
+    return statistics.median(cold), (statistics.median(warm) if warm else None)
+
+
+def _breakdown(prof_path: str, ours: set[str], turn: int = 1) -> dict[str, Any]:
     try:
         events = json.loads(Path(prof_path).read_text())
     finally:
@@ -198,13 +214,15 @@ def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
     # our nodes and any Neg one by one, so that a model can be set against its +neg form
     nodes: dict[str, dict[str, Any]] = {}
     for name, durs in per_node.items():
-        # the first entry is the warm-up run
-        t = statistics.median(durs[1:] if len(durs) > 1 else durs)
+        t, tw = _cold_and_warm(durs, turn)
         if node_op[name] in ours or node_op[name] == "Neg":
-            nodes[name] = {"op": node_op[name], "seconds": t, "input_shape": node_shape[name]}
+            nodes[name] = {"op": node_op[name], "seconds": t, "input_shape": node_shape[name],
+                           **({"warm_seconds": tw} if tw is not None else {})}
         row = by_op.setdefault(node_op[name], {"seconds": 0.0, "nodes": 0})
         row["seconds"] += t
         row["nodes"] += 1
+        if tw is not None:
+            row["warm_seconds"] = row.get("warm_seconds", 0.0) + tw
         group = "ours" if node_op[name] in ours else \
             "layout" if node_op[name] in LAYOUT_OPS else None
         if group:
@@ -220,7 +238,7 @@ def _breakdown(prof_path: str, ours: set[str]) -> dict[str, Any]:
     layout_s = sum(r["seconds"] for op, r in by_op.items() if op in LAYOUT_OPS)
     return {
         "node_seconds": total,
-        "runs": max((len(d) for d in per_node.values()), default=1) - 1,
+        "runs": max(((len(d) - turn) // turn for d in per_node.values()), default=0),
         "ops": dict(sorted(by_op.items(), key=lambda kv: -kv[1]["seconds"])),
         "ours_seconds": ours_s,
         "ours_share": ours_s / total if total > 0 else 0.0,
@@ -428,7 +446,7 @@ def run_model_bench(opts: ModelOptions) -> dict[str, Any]:
                                    opts.max_rounds, opts.warm_runs)
         del sessions
         profiles = profile_breakdowns(variants, feeds, opts.profile_runs, opts.threads, ours,
-                                      workdir, opts.ep, opts.thread_pool)
+                                      workdir, opts.ep, opts.thread_pool, opts.warm_runs)
         for label, prof in profiles.items():
             opts.log(f"  profiled {label}: ours {prof['ours_share']:.1%}, layout "
                      f"{prof['layout_share']:.1%}")
@@ -517,8 +535,10 @@ def add_node_floors(rows: list[dict]) -> None:
     the ``Neg`` in the same place (the same node name; with_neg_nodes keeps names) by the
     profiler's per-node median kernel times, grouped by input shape:
     ``nodes_vs_neg_floor`` lists, largest input first, ``input_shape``, ``nodes``,
-    ``seconds`` (ours, summed) and ``neg_seconds``. Both come from the same interleaved
-    profiled runs, so this says which tensors our arithmetic costs time on."""
+    ``seconds`` (ours, summed) and ``neg_seconds``, from the turns' first runs, and where the
+    profile has warm runs ``warm_seconds`` and ``warm_neg_seconds`` from the others. Both
+    come from the same interleaved profiled runs, so this says which tensors our arithmetic
+    costs time on."""
     by_label = {r["variant"]: r for r in rows}
     for r in rows:
         floor = by_label.get(r["variant"] + NEG_FLOOR)
@@ -536,6 +556,9 @@ def add_node_floors(rows: list[dict]) -> None:
             g["nodes"] += 1
             g["seconds"] += node["seconds"]
             g["neg_seconds"] += neg["seconds"]
+            if "warm_seconds" in node and "warm_seconds" in neg:
+                g["warm_seconds"] = g.get("warm_seconds", 0.0) + node["warm_seconds"]
+                g["warm_neg_seconds"] = g.get("warm_neg_seconds", 0.0) + neg["warm_seconds"]
         r["nodes_vs_neg_floor"] = sorted(groups.values(),
                                          key=lambda g: (-int(np.prod(g["input_shape"])),
                                                         g["input_shape"]))
@@ -567,28 +590,36 @@ def _floor_table(rows: list[dict]) -> list[str]:
 
 def _node_floor_table(rows: list[dict]) -> list[str]:
     """Markdown lines: per input shape, each variant's nodes against their Neg (add_node_floors),
-    as microseconds per node, ours / Neg, and the number of such nodes."""
+    as microseconds per node, ours / Neg, cold and (where profiled) warm, and the number of
+    such nodes."""
+    warm = all("warm_seconds" in g for r in rows for g in r["nodes_vs_neg_floor"])
+
+    def cell(groups: list[dict], n: int) -> str:
+        def pair(key: str) -> str:
+            a = sum(g[key] for g in groups) / n * 1e6
+            b = sum(g[key.replace("seconds", "neg_seconds")] for g in groups) / n * 1e6
+            return f"{a:.1f} / {b:.1f}"
+        return pair("seconds") + (f" · {pair('warm_seconds')}" if warm else "")
+
     shapes: list[list[int]] = []
     cells: dict[tuple[str, tuple[int, ...]], str] = {}
     for r in rows:
         for g in r["nodes_vs_neg_floor"]:
             if g["input_shape"] not in shapes:
                 shapes.append(g["input_shape"])
-            n = g["nodes"]
             cells[r["variant"], tuple(g["input_shape"])] = \
-                f"{g['seconds'] / n * 1e6:.1f} / {g['neg_seconds'] / n * 1e6:.1f} ({n})"
+                f"{cell([g], g['nodes'])} ({g['nodes']})"
     shapes.sort(key=lambda s: (-int(np.prod(s)), s))
     head = ["input shape"] + [r["variant"] for r in rows]
+    what = "cold ours / Neg · warm ours / Neg" if warm else "ours / Neg"
     out = [f"## Our nodes against their Neg, by input shape (µs per node from the profile: "
-           f"ours / {NEG_FLOOR}'s Neg in the same place (nodes))", "",
+           f"{what}, the Neg of {NEG_FLOOR} in the same place (nodes))", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for shape in shapes:
         out.append(f"| {'x'.join(map(str, shape))} | " +
                    " | ".join(cells.get((r["variant"], tuple(shape)), "–") for r in rows) + " |")
-    sums = [(sum(g["seconds"] for g in r["nodes_vs_neg_floor"]),
-             sum(g["neg_seconds"] for g in r["nodes_vs_neg_floor"])) for r in rows]
     out.append("| all (µs per run) | " +
-               " | ".join(f"{a * 1e6:.1f} / {b * 1e6:.1f}" for a, b in sums) + " |")
+               " | ".join(cell(r["nodes_vs_neg_floor"], 1) for r in rows) + " |")
     out.append("")
     return out
 
@@ -612,7 +643,9 @@ def markdown(doc: dict) -> str:
                f"{shared_text}"
                f"; {runs} interleaved "
                f"rounds after {o['warmup']} warm-up runs, each turn {turn}; profile: per-node "
-               f"median of {o['profile_runs']} runs; load average {before:.1f} before, "
+               f"median of {o['profile_runs']} turns (their first runs; the warm runs' "
+               f"medians beside them where shown), in separate sessions run the same way; "
+               f"load average {before:.1f} before, "
                f"{after:.1f} after")
     pages = harness.memory_pages_phrase(doc.get("memory_pages"))
     if pages:

@@ -288,6 +288,10 @@ def test_neg_floor_variants(tmp_path):
             pytest.approx(rows[label]["profile"]["ours_seconds"], rel=1e-12)
         assert sum(g["neg_seconds"] for g in groups) == \
             pytest.approx(rows[label + "+neg"]["profile"]["ops"]["Neg"]["seconds"], rel=1e-12)
+        # the warm runs of each profiled turn (ModelOptions.warm_runs) beside the cold ones
+        assert sum(g["warm_neg_seconds"] for g in groups) == \
+            pytest.approx(rows[label + "+neg"]["profile"]["ops"]["Neg"]["warm_seconds"],
+                          rel=1e-12)
         # the 3-channel input and the 16-channel activations, 12 x 12 each
         assert {tuple(g["input_shape"]) for g in groups} <= {(1, 3, 12, 12), (1, 16, 12, 12)}
     assert "nodes_vs_neg_floor" not in rows["BF16"]
@@ -297,6 +301,15 @@ def test_neg_floor_variants(tmp_path):
     assert "## Above the Neg floor" in report
     assert f"| MX9+nchwc | {rows['MX9+nchwc+neg']['ratio_to_float_paired']:.3f} | " \
         f"{rows['MX9+nchwc']['ratio_to_neg_floor_paired']:.3f} |" in report
+
+
+def test_cold_and_warm_split_each_turn():
+    """A node's kernel times in run order: the first turn left out, then each turn's first
+    run against its others."""
+    durs = [100.0, 101.0, 102.0, 1.0, 2.0, 3.0, 10.0, 20.0, 30.0]
+    assert model_bench._cold_and_warm(durs, 3) == (5.5, 11.5)   # cold 1, 10; warm 2, 3, 20, 30
+    assert model_bench._cold_and_warm([5.0, 1.0, 2.0, 3.0], 1) == (2.0, None)
+    assert model_bench._cold_and_warm([7.0], 1) == (7.0, None)      # one run: nothing left out
 
 
 def test_node_floors_pair_nodes_by_name_and_group_by_shape():
@@ -329,6 +342,16 @@ def test_node_floors_pair_nodes_by_name_and_group_by_shape():
     assert "| 1x16x8x8 | 50.0 / 20.0 (1) |" in table
     assert "| 1x8x4x4 | 20.0 / 5.0 (2) |" in table
     assert "| all (µs per run) | 90.0 / 30.0 |" in table
+    # with warm runs in the profile, each cell has them after the cold ones
+    for r in rows[:2]:
+        for name, node in r["profile"]["nodes"].items():
+            node["warm_seconds"] = node["seconds"] / 2
+    model_bench.add_node_floors(rows)
+    assert rows[0]["nodes_vs_neg_floor"][0]["warm_seconds"] == pytest.approx(25e-6)
+    assert rows[0]["nodes_vs_neg_floor"][0]["warm_neg_seconds"] == pytest.approx(10e-6)
+    table = "\n".join(model_bench._node_floor_table(rows[:1]))
+    assert "| 1x16x8x8 | 50.0 / 20.0 · 25.0 / 10.0 (1) |" in table
+    assert "| all (µs per run) | 90.0 / 30.0 · 45.0 / 15.0 |" in table
 
 
 def test_floor_ratios_pair_each_variant_with_its_neg_form():

@@ -2079,6 +2079,9 @@ struct Walker {
   // the blocks two at a time (a smaller loop than the unrolled one with shuffles).
   template <class P>
   struct LanesInMemory {
+    // (as broadcast_params: the memcpy below fills `lanes` exactly, with no bytes left over)
+    static_assert(std::is_trivially_copyable_v<P> && sizeof(P) % sizeof(K) == 0,
+                  "parameters must be lane vectors");
     static constexpr int kVectors = sizeof(P) / sizeof(K);
     alignas(64) int32_t lanes[kVectors * W];
     explicit MXOPS_VINL LanesInMemory(const P& p) {
