@@ -454,6 +454,74 @@ def test_innermost_sub_blocks_match_reference(config, dtype, isa):
                               f"spoilt={spoil} {isa}")
 
 
+def _signed_sub_blocks(shape, rng):
+    """float32 values whose blocks of 16 along the last axis have random signs and magnitudes
+    2^e * mantissa: e the block's exponent less 0 to 30 (an element 5 or more below the block's
+    greatest rounds to zero, keeping its sign), the mantissa on a grid of 2^-6 or just under 2
+    (the rounding of a sub-block's greatest element reaches the saturation)."""
+    n = int(np.prod(shape))
+    e = np.repeat(rng.integers(-100, 100, -(-n // 16)), 16)[:n] - rng.choice([0, 0, 0, 1, 2, 5, 12, 30], n)
+    mantissa = np.where(rng.random(n) < 0.5, 1.0 + rng.integers(0, 64, n) * 2.0**-6,
+                        2.0 - rng.integers(1, 40, n) * 2.0**-20)
+    sign = np.where(rng.random(n) < 0.5, -1.0, 1.0)
+    return (sign * mantissa * 2.0 ** e.astype(np.float64)).astype(np.float32).reshape(shape)
+
+
+# MX9 / MX6 / MX4's sub-blocks in the one-addition form without the flush, which AVX-512 takes
+# signed (numerics.h, bfp_prime_element_signed_normal: a negative element that rounds to zero
+# gets its sign back from the saturation bound). Negative elements that round to -0 and
+# sub-blocks whose greatest element rounds up to the saturation, in every walk that takes the
+# form: the innermost spans and one-vector groups, the NCHWc views (flat and lanes), the
+# column walk (blocked axis outer) and the tile walk for the rest. Against the numpy reference,
+# and the reference's output holds -0 (else the input would not test the sign).
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("config", ["MX9", "MX6", "MX4"])
+def test_sub_blocks_keep_the_sign_of_zero(config, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(5 * len(config))
+    cases = [((24, 512), 1, 0), ((37, 48), 1, 0), ((1, 32, 6, 40), 1, 16), ((1, 64, 5, 7), 1, 8),
+             ((48, 300), 0, 0), ((2, 19, 3, 17), 1, 0), ((64, 512), 0, 0)]
+    for shape, axis, lanes in cases:
+        x = _signed_sub_blocks(shape, rng)
+        if axis == 0:  # the blocks down the axis
+            x = np.ascontiguousarray(_signed_sub_blocks(shape[::-1], rng).T)
+        attrs = dict(spec.attrs, axis=axis, nchwc_block=lanes)
+        want = ref(x, **attrs)
+        assert np.any((want == 0) & np.signbit(want)), (config, shape)
+        with cpu_path(isa):
+            got = nat(x, threads=2, **attrs)
+        assert_bits_equal(got, want, f"{config} {shape} axis={axis} lanes={lanes} {isa}")
+
+
+# Blocked axis innermost with rows of whole blocks: the kernel walks the rows as one row
+# (qdq_cpu.cc, quantize_dequantize), so spans of many blocks cross the rows' ends. Rows
+# shorter than a span, rows of a span and a piece, one block per row, rows that are not whole
+# blocks (each row on its own), Inf / NaN / -0 / subnormals sprinkled so that a block's
+# special values next to a row's end change nothing in the next row; one and two threads.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MX9", "MXINT8", "BFP16", "MXFP4E2M1"])
+def test_rows_of_whole_blocks_match_reference(config, dtype, isa):
+    spec = formats.CONFIGS[config]
+    nat, ref = native_and_reference(spec.op)
+    rng = np.random.default_rng(13 * len(config) + len(dtype))
+    bs = spec.attrs["block_size"]
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 2.0**-140, -(2.0**-140)], np.float32)
+    for shape in [(37, 4 * bs), (9, 12 * bs), (50, bs), (3, 5, 8 * bs), (11, 3 * bs + 5), (2000, 2 * bs)]:
+        for spoil in (False, True):
+            x = (rng.standard_normal(shape) * 4).astype(np.float32)
+            if spoil:
+                x = _sprinkled(x, specials, 97, rng)
+            xs, bf = _as_dtype(x, dtype, np.float32(1.0))
+            attrs = dict(spec.attrs, axis=len(shape) - 1)
+            for threads in (1, 2):
+                with cpu_path(isa):
+                    got = nat(xs, dtype=bf, threads=threads, **attrs)
+                assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                                  f"{config} {dtype} {shape} spoilt={spoil} threads={threads} {isa}")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("mode", [0, 1, 2])

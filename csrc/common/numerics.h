@@ -33,8 +33,10 @@ namespace mxops {
 
 // LaneTypes<T>, T any lane type: F, U, I (the float, unsigned and signed lanes of the same
 // width) and the primitives that differ between one element and a vector: bit
-// reinterpretation, U <-> I, truncating float -> int and int -> float conversion, and the
-// symmetric clamp (clamp_magnitude).
+// reinterpretation, U <-> I, truncating float -> int and int -> float conversion, the
+// symmetric clamp (clamp_magnitude), a multiply-add of an exact product (mul_add_exact) and the
+// lesser magnitude with a chosen sign (min_magnitude_sign_of); kOneInstructionMagnitudes says
+// whether the last two are one instruction each (bfp_prime_element_signed_normal).
 template <class T>
 struct LaneTypes;
 
@@ -74,6 +76,13 @@ struct LaneTypes<float> {
   MXOPS_HD static I trunc_to_int(F f) { return static_cast<I>(f); }
   MXOPS_HD static F to_float(I i) { return static_cast<F>(i); }
   MXOPS_HD static F clamp_magnitude(F r, F m) { return clamp_magnitude_by_compares(r, m); }
+  MXOPS_HD static F mul_add_exact(F a, F b, F c) { return a * b + c; }
+  MXOPS_HD static F min_magnitude_sign_of(F s, F r) {
+    const U sign = f2u(s) & 0x80000000u;
+    const F as = u2f(f2u(s) & 0x7fffffffu), ar = u2f(f2u(r) & 0x7fffffffu);
+    return u2f(f2u(ar < as ? ar : as) | sign);
+  }
+  static constexpr bool kOneInstructionMagnitudes = false;
 };
 template <>
 struct LaneTypes<uint32_t> : LaneTypes<float> {};
@@ -106,6 +115,17 @@ MXOPS_HD LaneF<I> to_float(I i) { return LaneTypes<I>::to_float(i); }
 // instruction where the lanes have one (AVX-512's range, simd_lanes.h).
 template <class F>
 MXOPS_HD F clamp_magnitude(F r, F m) { return LaneTypes<F>::clamp_magnitude(r, m); }
+
+// a * b + c where the product a * b is exact, so that it rounds once whether or not the lanes
+// fuse it: one fused multiply-add where they have one (AVX-512, simd_lanes.h), else a
+// multiplication and an addition. The bits never depend on which.
+template <class F>
+MXOPS_HD F mul_add_exact(F a, F b, F c) { return LaneTypes<F>::mul_add_exact(a, b, c); }
+// The lesser of |s| and |r| with the sign of s (s, r finite; either where they are equal):
+// one instruction where the lanes have one (AVX-512's range, simd_lanes.h; then
+// LaneTypes::kOneInstructionMagnitudes), else by a compare of the magnitudes.
+template <class F>
+MXOPS_HD F min_magnitude_sign_of(F s, F r) { return LaneTypes<F>::min_magnitude_sign_of(s, r); }
 
 // c ? a : b per lane (GCC vectors take a lane mask as the condition).
 template <class C, class T>
@@ -462,6 +482,27 @@ MXOPS_HD F bfp_prime_element_by_addition_normal(F x, const BfpPrimeParams<F>& p)
   F r = (a + p.add) - p.add;
   r = select(r > p.sat, p.sat, r);
   return u2f(f2u(r) | (u & 0x80000000u));
+}
+
+// bfp_prime_element_by_addition_normal(x, bfp_prime_addition_params_floor(floor, sub, m)) from
+// es_bits = imax(sub, floor) (es << 23), signed, in fewer operations where the lanes have
+// mul_add_exact and min_magnitude_sign_of in one instruction each. e = 2^(es - 127) with x's
+// sign (es >= m + 1 in the normal form: a normal float), so e * 2^(24 - m) is the addend
+// +-quantum * 2^23, exact: x + that rounds once as |x| + add does in the unsigned form, to the
+// same multiple of the quantum with x's sign (nearest-even is symmetric), and taking it away
+// again is exact (Sterbenz). A negative x that rounds to zero gives +0 there; the sign comes
+// back from the saturation bound e * (2^m - 1) * 2^(1 - m) = +-sat, which carries x's sign,
+// in min_magnitude_sign_of (the lesser magnitude is the saturation).
+template <class F>
+MXOPS_HD F bfp_prime_element_signed_normal(F x, LaneI<F> es_bits, int m) {
+  using U = LaneU<F>;
+  const U u = f2u(x);
+  const F e = u2f(as_uint(es_bits) | (u & 0x80000000u));
+  const F addend = splat<F>(static_cast<float>(1u << (24 - m)));
+  const F t = mul_add_exact(e, addend, x);
+  const F r = mul_add_exact(e, -addend, t);
+  const F sat = e * splat<F>(static_cast<float>((1u << m) - 1u) / static_cast<float>(1u << (m - 1)));
+  return min_magnitude_sign_of(sat, r);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -27,6 +27,32 @@ inline __attribute__((always_inline)) F clamp_magnitude_lanes(F r, F m) {
   return clamp_magnitude_by_compares(r, m);
 }
 
+// LaneTypes::mul_add_exact for vectors: AVX-512's fused multiply-add (the product is exact, so
+// the bits are those of a multiplication and an addition).
+template <class F>
+inline __attribute__((always_inline)) F mul_add_exact_lanes(F a, F b, F c) {
+#if defined(__AVX512DQ__)
+  if constexpr (sizeof(F) == 64) {
+    return reinterpret_cast<F>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                               reinterpret_cast<__m512>(c)));
+  }
+#endif
+  return a * b + c;
+}
+
+// LaneTypes::min_magnitude_sign_of for vectors: AVX-512DQ's range instruction (imm 0x02, as in
+// clamp_magnitude_lanes); elsewhere the lesser magnitude by a compare, then s's sign.
+template <class F>
+inline __attribute__((always_inline)) F min_magnitude_sign_of_lanes(F s, F r) {
+#if defined(__AVX512DQ__)
+  if constexpr (sizeof(F) == 64) {
+    return reinterpret_cast<F>(_mm512_range_ps(reinterpret_cast<__m512>(s), reinterpret_cast<__m512>(r), 0x02));
+  }
+#endif
+  const F as = u2f(f2u(s) & 0x7fffffffu), ar = u2f(f2u(r) & 0x7fffffffu);
+  return u2f(f2u(ar < as ? ar : as) | (f2u(s) & 0x80000000u));
+}
+
 #define MXOPS_VECTOR_LANES(W)                                                                 \
   template <>                                                                                 \
   struct VectorLanes<W> {                                                                     \
@@ -46,6 +72,13 @@ inline __attribute__((always_inline)) F clamp_magnitude_lanes(F r, F m) {
     static inline __attribute__((always_inline)) F clamp_magnitude(F r, F m) {                \
       return clamp_magnitude_lanes(r, m);                                                     \
     }                                                                                         \
+    static inline __attribute__((always_inline)) F mul_add_exact(F a, F b, F c) {             \
+      return mul_add_exact_lanes(a, b, c);                                                    \
+    }                                                                                         \
+    static inline __attribute__((always_inline)) F min_magnitude_sign_of(F s, F r) {         \
+      return min_magnitude_sign_of_lanes(s, r);                                               \
+    }                                                                                         \
+    static constexpr bool kOneInstructionMagnitudes = MXOPS_ONE_INSTRUCTION_MAGNITUDES(W);    \
   };                                                                                          \
   template <>                                                                                 \
   struct LaneTypes<VectorLanes<W>::F> : VectorLanes<W> {};                                    \
@@ -58,7 +91,13 @@ inline __attribute__((always_inline)) F clamp_magnitude_lanes(F r, F m) {
 #ifndef MXOPS_SIMD_WIDTH
 #error "define MXOPS_SIMD_WIDTH (8 or 16) before including simd_lanes.h"
 #endif
+#if defined(__AVX512DQ__)
+#define MXOPS_ONE_INSTRUCTION_MAGNITUDES(W) ((W) == 16)
+#else
+#define MXOPS_ONE_INSTRUCTION_MAGNITUDES(W) false
+#endif
 MXOPS_VECTOR_LANES(MXOPS_SIMD_WIDTH)
 #undef MXOPS_VECTOR_LANES
+#undef MXOPS_ONE_INSTRUCTION_MAGNITUDES
 
 }  // namespace mxops

@@ -419,7 +419,16 @@ struct PrimeLanes {
   // Within the fast form, blocks whose subnormals round to 0 without the flush.
   MXOPS_VINL auto normal_mask(I s) const { return bfp_prime_addition_normal_block(field(s), m, shift_bits); }
   MXOPS_VINL bool normal(I s) const { return L::all(normal_mask(s)); }
-  MXOPS_VINL F apply_normal(F x, const Fast& p) const { return bfp_prime_element_by_addition_normal(x, p); }
+  // That form of x in a sub-block with maximum sub (in place) of a block whose sub_floor is
+  // floor, or whose maximum is s: where the lanes clamp a signed magnitude and fuse a
+  // multiply-add in one instruction each (AVX-512), the signed form, two operations a vector
+  // fewer (bfp_prime_element_signed_normal); else the unsigned one. Sub-blocks of several
+  // vectors call it once per vector: the parameters' arithmetic common to them is computed once.
+  MXOPS_VINL F apply_normal_floor(F x, I floor, I sub) const {
+    if constexpr (LaneTypes<F>::kOneInstructionMagnitudes) return bfp_prime_element_signed_normal(x, imax(sub, floor), m);
+    else return bfp_prime_element_by_addition_normal(x, fast_params_floor(floor, sub));
+  }
+  MXOPS_VINL F apply_normal(F x, I s, I sub) const { return apply_normal_floor(x, sub_floor(s), sub); }
   static constexpr int kPlain = 0;
   MXOPS_VINL PrimeLanes<ScalarLanes, Mode> scalar() const { return {m, sub_block_size, shift_bits}; }
 };
@@ -964,7 +973,7 @@ struct Walker {
         const int64_t off = (b * kNv + i) * W;
         const F v = quotient_or_load(kept, b * kNv + i, p + off);
         const I sm = pol.exponent(L::group_max(pol.key(v), 1));  // sub-blocks of two lanes
-        store(q + off, pol.apply_normal(v, pol.fast_params_floor(fb, sm)));
+        store(q + off, pol.apply_normal_floor(v, fb, sm));
       }
     }
   }
@@ -1142,10 +1151,11 @@ struct Walker {
           for (int64_t v = 0; v < nv; ++v) {
             K km = pol.key(load(row + v * W));
             for (int64_t j = 1; j < kSub; ++j) km = imax(km, pol.key(load(row + j * x_inner + v * W)));
-            const auto prm = pol.fast_params(s[v], pol.exponent(km));
+            const I sm = pol.exponent(km);
+            const auto prm = pol.fast_params(s[v], sm);
             for (int64_t j = 0; j < kSub; ++j) {
               const F xv = load(row + j * x_inner + v * W);
-              if constexpr (Normal) r[j][v] = pol.apply_normal(xv, prm);
+              if constexpr (Normal) r[j][v] = pol.apply_normal(xv, s[v], sm);
               else r[j][v] = pol.apply_fast(xv, prm);
             }
           }
@@ -1162,7 +1172,7 @@ struct Walker {
           const auto prm = pol.fast_params(s[v], sm);
           for (int64_t j = 0; j < len; ++j) {
             const F xv = load(row + j * x_inner + v * W);
-            if constexpr (Normal) store(out + j * inner + v * W, pol.apply_normal(xv, prm));
+            if constexpr (Normal) store(out + j * inner + v * W, pol.apply_normal(xv, s[v], sm));
             else store(out + j * inner + v * W, pol.apply_fast(xv, prm));
           }
         } else {
@@ -1626,9 +1636,9 @@ struct Walker {
       for (; j + 2 <= n; j += 2, p += 2 * inner, q += 2 * inner)
         for (int c = 0; c < kCols; ++c) {
           const F x0 = in(p, j, c), x1 = in(p + inner, j + 1, c);
-          const auto prm = pol.fast_params(s[c], pol.exponent(imax(pol.key(x0), pol.key(x1))));
-          store(q + c * W, pol.apply_normal(x0, prm));
-          store(q + inner + c * W, pol.apply_normal(x1, prm));
+          const I sm = pol.exponent(imax(pol.key(x0), pol.key(x1)));
+          store(q + c * W, pol.apply_normal(x0, s[c], sm));
+          store(q + inner + c * W, pol.apply_normal(x1, s[c], sm));
         }
       // An odd n's last row is a sub-block of its own (the 3 channels of an image's pixel; the
       // walker alone on 1- and 3-channel inputs in cache, MX9 / MX6: 54 us where the loop
@@ -1636,7 +1646,7 @@ struct Walker {
       if (j < n)
         for (int c = 0; c < kCols; ++c) {
           const F x0 = in(p, j, c);
-          store(q + c * W, pol.apply_normal(x0, pol.fast_params(s[c], pol.exponent(pol.key(x0)))));
+          store(q + c * W, pol.apply_normal(x0, s[c], pol.exponent(pol.key(x0))));
         }
       return;
     }
@@ -2300,7 +2310,7 @@ struct Walker {
       for (int64_t j = 0; j < n; ++j) {
         const F xv = x_at(j);
         const I sm = pol.exponent(L::group_max(pol.key(xv), sub_steps));
-        if constexpr (kNormal) store(y_at(j), pol.apply_normal(xv, pol.fast_params(s, sm)));
+        if constexpr (kNormal) store(y_at(j), pol.apply_normal(xv, s, sm));
         else if constexpr (kFast) store(y_at(j), pol.apply_fast(xv, pol.fast_params(s, sm)));
         else store(y_at(j), pol.apply(xv, pol.params(s, sm)));
       }
@@ -2364,10 +2374,10 @@ struct Walker {
                                    int64_t nv, const I* s, int64_t sub_rows,
                                    int64_t sub_cols) const {
     auto one = [&](F xv, I sv, I sm, T* q) {
-      if constexpr (Fast) {
-        const auto prm = pol.fast_params(sv, sm);
-        if constexpr (Normal) store(q, pol.apply_normal(xv, prm));
-        else store(q, pol.apply_fast(xv, prm));
+      if constexpr (Normal) {
+        store(q, pol.apply_normal(xv, sv, sm));
+      } else if constexpr (Fast) {
+        store(q, pol.apply_fast(xv, pol.fast_params(sv, sm)));
       } else {
         store(q, pol.apply(xv, pol.params(sv, sm)));
       }

@@ -441,6 +441,15 @@ void quantize_dequantize(const QdqParams& p, DType t, const void* x, void* y, co
     }
     return;
   }
+  if (g.inner == 1 && g.outer > 1 && p.block_size > 0 && g.length % p.block_size == 0) {
+    // Blocked axis innermost and whole blocks in every row: the rows lie one after another,
+    // so they are one row of the same blocks, which the walker takes in spans of many blocks
+    // instead of a row at a time (rows shorter than a span went block by block).
+    Geometry one_row = g;
+    one_row.length = g.outer * g.length;
+    one_row.outer = 1;
+    return quantize_dequantize(p, t, x, y, one_row, run);
+  }
   Isa isa = block_op_isa(p, g, t);
 #if MXOPS_HAVE_SIMD16
   if (isa == Isa::kAvx512 && !simd16::supports(p, g)) isa = Isa::kScalar;
