@@ -14,15 +14,27 @@ namespace mxops {
 template <int W>
 struct VectorLanes;
 
-// LaneTypes::clamp_magnitude for vectors: r clamped to [-m, m] (m > 0, r finite). AVX-512DQ's
-// range instruction does it in one operation (imm 0x02: the lesser magnitude, with the sign of
-// the first operand: r, or m with r's sign where |r| >= m); elsewhere clamp_magnitude_by_compares.
+// LaneTypes::min_magnitude_sign_of for vectors: AVX-512DQ's range instruction (imm 0x02: the
+// lesser magnitude, with the sign of the first operand); elsewhere the lesser magnitude by a
+// compare, then s's sign.
+template <class F>
+inline __attribute__((always_inline)) F min_magnitude_sign_of_lanes(F s, F r) {
+#if defined(__AVX512DQ__)
+  if constexpr (sizeof(F) == 64) {
+    return reinterpret_cast<F>(_mm512_range_ps(reinterpret_cast<__m512>(s), reinterpret_cast<__m512>(r), 0x02));
+  }
+#endif
+  const F as = u2f(f2u(s) & 0x7fffffffu), ar = u2f(f2u(r) & 0x7fffffffu);
+  return u2f(f2u(ar < as ? ar : as) | (f2u(s) & 0x80000000u));
+}
+
+// LaneTypes::clamp_magnitude for vectors: r clamped to [-m, m] (m > 0, r finite). Where the
+// range instruction does it in one operation, that is min_magnitude_sign_of(r, m): r, or m with
+// r's sign where |r| >= m; elsewhere clamp_magnitude_by_compares.
 template <class F>
 inline __attribute__((always_inline)) F clamp_magnitude_lanes(F r, F m) {
 #if defined(__AVX512DQ__)
-  if constexpr (sizeof(F) == 64) {
-    return reinterpret_cast<F>(_mm512_range_ps(reinterpret_cast<__m512>(r), reinterpret_cast<__m512>(m), 0x02));
-  }
+  if constexpr (sizeof(F) == 64) return min_magnitude_sign_of_lanes(r, m);
 #endif
   return clamp_magnitude_by_compares(r, m);
 }
@@ -38,19 +50,6 @@ inline __attribute__((always_inline)) F mul_add_exact_lanes(F a, F b, F c) {
   }
 #endif
   return a * b + c;
-}
-
-// LaneTypes::min_magnitude_sign_of for vectors: AVX-512DQ's range instruction (imm 0x02, as in
-// clamp_magnitude_lanes); elsewhere the lesser magnitude by a compare, then s's sign.
-template <class F>
-inline __attribute__((always_inline)) F min_magnitude_sign_of_lanes(F s, F r) {
-#if defined(__AVX512DQ__)
-  if constexpr (sizeof(F) == 64) {
-    return reinterpret_cast<F>(_mm512_range_ps(reinterpret_cast<__m512>(s), reinterpret_cast<__m512>(r), 0x02));
-  }
-#endif
-  const F as = u2f(f2u(s) & 0x7fffffffu), ar = u2f(f2u(r) & 0x7fffffffu);
-  return u2f(f2u(ar < as ? ar : as) | (f2u(s) & 0x80000000u));
 }
 
 #define MXOPS_VECTOR_LANES(W)                                                                 \
