@@ -522,6 +522,43 @@ def test_rows_of_whole_blocks_match_reference(config, dtype, isa):
                                   f"{config} {dtype} {shape} spoilt={spoil} threads={threads} {isa}")
 
 
+# Rows and column strips cut short (block_walker.h): with the blocked axis innermost, a row's
+# last group of blocks (a vector, or bs / W vectors) that the row's end cuts short, and with
+# it outer, the columns past the last whole vector, are walked in a copy padded with +0 (up to
+# kPaddedGroup elements, blocks of up to kPaddedRows rows; longer ones by the scalar walker,
+# as MXINT8 in blocks of 64 here). Every remainder of a row against the group and of the
+# columns against a vector, for 8 and 16 lanes; blocks at every scale with Inf / NaN / -0 /
+# subnormals, so that a cut-short block's maximum, sign fix-ups and special values all fall
+# in the copy.
+@pytest.mark.parametrize("isa", ["scalar"] + ISAS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("config", ["MX9", "MX4", "MXINT8", "MXFP4E2M1", "BFP16", "MXINT8/64"])
+def test_cut_short_rows_and_columns_match_reference(config, dtype, isa):
+    name, _, block = config.partition("/")
+    spec = formats.CONFIGS[name]
+    nat, ref = native_and_reference(spec.op)
+    bs = int(block or spec.attrs["block_size"])
+    rng = np.random.default_rng(17 * len(config) + len(dtype))
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 2.0**-140, -(2.0**-140)], np.float32)
+    group = max(bs, 16)
+    # innermost: rows of every length up to two groups and a piece; outer: [1, C, 1, inner]
+    # with C ending in a partial block of rows and inner past every whole vector
+    cases = [((5, n), 1) for n in range(1, 2 * group + 2)]
+    cases += [((1, 2 * bs + 3, 1, n), 1) for n in range(1, 36)]
+    for shape, axis in cases:
+        for scales in (False, True):
+            x = _blocks_at_scales(shape, 5, rng) if scales else \
+                (rng.standard_normal(shape) * 4).astype(np.float32)
+            if scales:
+                x = _sprinkled(x, specials, 11, rng)
+            xs, bf = _as_dtype(x, dtype, np.float32(2.0**-112) if scales else np.float32(1.0))
+            attrs = dict(spec.attrs, axis=axis, block_size=bs)
+            with cpu_path(isa), np.errstate(over="ignore"):
+                got = nat(xs, dtype=bf, threads=1, **attrs)
+            assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
+                              f"{config} {dtype} {shape} axis={axis} scales={scales} {isa}")
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("mode", [0, 1, 2])

@@ -48,6 +48,12 @@ MXOPS_HD F clamp_magnitude_by_compares(F r, F m) {
   return r < -m ? -m : r;
 }
 
+// The lesser of |s| and |r| with the sign of s, by a compare of the magnitudes:
+// LaneTypes::min_magnitude_sign_of where the lanes have no one-instruction form (defined below,
+// after f2u / u2f, which it uses).
+template <class F>
+MXOPS_HD F min_magnitude_sign_of_by_compares(F s, F r);
+
 template <>
 struct LaneTypes<float> {
   using F = float;
@@ -77,11 +83,7 @@ struct LaneTypes<float> {
   MXOPS_HD static F to_float(I i) { return static_cast<F>(i); }
   MXOPS_HD static F clamp_magnitude(F r, F m) { return clamp_magnitude_by_compares(r, m); }
   MXOPS_HD static F mul_add_exact(F a, F b, F c) { return a * b + c; }
-  MXOPS_HD static F min_magnitude_sign_of(F s, F r) {
-    const U sign = f2u(s) & 0x80000000u;
-    const F as = u2f(f2u(s) & 0x7fffffffu), ar = u2f(f2u(r) & 0x7fffffffu);
-    return u2f(f2u(ar < as ? ar : as) | sign);
-  }
+  MXOPS_HD static F min_magnitude_sign_of(F s, F r) { return min_magnitude_sign_of_by_compares(s, r); }
   static constexpr bool kOneInstructionMagnitudes = false;
 };
 template <>
@@ -126,6 +128,12 @@ MXOPS_HD F mul_add_exact(F a, F b, F c) { return LaneTypes<F>::mul_add_exact(a, 
 // LaneTypes::kOneInstructionMagnitudes), else by a compare of the magnitudes.
 template <class F>
 MXOPS_HD F min_magnitude_sign_of(F s, F r) { return LaneTypes<F>::min_magnitude_sign_of(s, r); }
+
+template <class F>
+MXOPS_HD F min_magnitude_sign_of_by_compares(F s, F r) {
+  const F as = u2f(f2u(s) & 0x7fffffffu), ar = u2f(f2u(r) & 0x7fffffffu);
+  return u2f(f2u(ar < as ? ar : as) | (f2u(s) & 0x80000000u));
+}
 
 // c ? a : b per lane (GCC vectors take a lane mask as the condition).
 template <class C, class T>

@@ -15,8 +15,8 @@ template <int W>
 struct VectorLanes;
 
 // LaneTypes::min_magnitude_sign_of for vectors: AVX-512DQ's range instruction (imm 0x02: the
-// lesser magnitude, with the sign of the first operand); elsewhere the lesser magnitude by a
-// compare, then s's sign.
+// lesser magnitude, with the sign of the first operand); elsewhere
+// min_magnitude_sign_of_by_compares.
 template <class F>
 inline __attribute__((always_inline)) F min_magnitude_sign_of_lanes(F s, F r) {
 #if defined(__AVX512DQ__)
@@ -24,8 +24,7 @@ inline __attribute__((always_inline)) F min_magnitude_sign_of_lanes(F s, F r) {
     return reinterpret_cast<F>(_mm512_range_ps(reinterpret_cast<__m512>(s), reinterpret_cast<__m512>(r), 0x02));
   }
 #endif
-  const F as = u2f(f2u(s) & 0x7fffffffu), ar = u2f(f2u(r) & 0x7fffffffu);
-  return u2f(f2u(ar < as ? ar : as) | (f2u(s) & 0x80000000u));
+  return min_magnitude_sign_of_by_compares(s, r);
 }
 
 // LaneTypes::clamp_magnitude for vectors: r clamped to [-m, m] (m > 0, r finite). Where the
