@@ -523,16 +523,18 @@ def test_rows_of_whole_blocks_match_reference(config, dtype, isa):
 
 
 # Rows and column strips cut short (block_walker.h): with the blocked axis innermost, a row's
-# last group of blocks (a vector, or bs / W vectors) that the row's end cuts short, and with
-# it outer, the columns past the last whole vector, are walked in a copy padded with +0 (up to
-# kPaddedGroup elements, blocks of up to kPaddedRows rows; longer ones by the scalar walker,
-# as MXINT8 in blocks of 64 here). Every remainder of a row against the group and of the
-# columns against a vector, for 8 and 16 lanes; blocks at every scale with Inf / NaN / -0 /
-# subnormals, so that a cut-short block's maximum, sign fix-ups and special values all fall
-# in the copy.
+# last group of blocks (a vector, or bs / W vectors) that the row's end cuts short is walked in
+# a copy padded with the row's last element (groups of up to kPaddedGroup elements, a third
+# full or more; else, as for MXINT8 in blocks of 128 here, by the scalar walker); with it
+# outer, the columns past the last whole vector are walked as the last W columns again (by
+# the scalar walker where no whole vector precedes them). Every remainder of a row against the
+# group and of the columns against a vector, for 8 and 16 lanes; blocks at every scale with
+# Inf / NaN / -0 / subnormals, and ones whose last element or column (the one the padding
+# copies) is such a value.
 @pytest.mark.parametrize("isa", ["scalar"] + ISAS)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("config", ["MX9", "MX4", "MXINT8", "MXFP4E2M1", "BFP16", "MXINT8/64"])
+@pytest.mark.parametrize("config", ["MX9", "MX4", "MXINT8", "MXFP4E2M1", "BFP16", "MXINT8/64",
+                                    "MXINT8/128"])
 def test_cut_short_rows_and_columns_match_reference(config, dtype, isa):
     name, _, block = config.partition("/")
     spec = formats.CONFIGS[name]
@@ -546,17 +548,19 @@ def test_cut_short_rows_and_columns_match_reference(config, dtype, isa):
     cases = [((5, n), 1) for n in range(1, 2 * group + 2)]
     cases += [((1, 2 * bs + 3, 1, n), 1) for n in range(1, 36)]
     for shape, axis in cases:
-        for scales in (False, True):
+        for scales, ends in ((False, False), (True, False), (True, True)):
             x = _blocks_at_scales(shape, 5, rng) if scales else \
                 (rng.standard_normal(shape) * 4).astype(np.float32)
             if scales:
                 x = _sprinkled(x, specials, 11, rng)
+            if ends:
+                x[..., -1] = rng.choice(specials, size=x[..., -1].shape)
             xs, bf = _as_dtype(x, dtype, np.float32(2.0**-112) if scales else np.float32(1.0))
             attrs = dict(spec.attrs, axis=axis, block_size=bs)
             with cpu_path(isa), np.errstate(over="ignore"):
                 got = nat(xs, dtype=bf, threads=1, **attrs)
             assert_bits_equal(got, ref(xs, dtype=bf, **attrs),
-                              f"{config} {dtype} {shape} axis={axis} scales={scales} {isa}")
+                              f"{config} {dtype} {shape} axis={axis} scales={scales} ends={ends} {isa}")
 
 
 @pytest.mark.parametrize("isa", ISAS)

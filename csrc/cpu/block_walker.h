@@ -1055,10 +1055,9 @@ struct Walker {
     return g;
   }
 
-  // The most elements of a group (contiguous_groups) or rows of a block (padded_columns) that
-  // the vector walker takes in a zero-padded copy where a row's end cuts it short.
+  // The most elements of a group that contiguous_groups takes in a padded copy where a row's
+  // end cuts it short.
   static constexpr int64_t kPaddedGroup = 64;
-  static constexpr int64_t kPaddedRows = 32;
 
   // Blocked axis innermost, blocks of a power-of-two size and (to_bfp_prime) sub-blocks of a
   // power of two <= W: `n` elements from `base`, the last partial group in a padded copy.
@@ -1139,17 +1138,24 @@ struct Walker {
       for (; g < stop; g += group) walk_group(std::true_type{}, px + g, py + g);
     }
     if (n_simd == n) return;
-    // The last group, cut short by the row's end: in a copy padded with +0 to a whole group.
-    // +0 raises no block's or sub-block's greatest magnitude, and every element's result
-    // depends only on its own value and those maxima, so the copy's first n - n_simd results
-    // are the scalar walker's bits; the padding's are dropped. (The scalar walker took 4-5x
-    // a Neg's time on rows of 15 elements.) Groups of more than kPaddedGroup elements go to
-    // the scalar walker.
+    // The last group, cut short by the row's end: in a copy padded to a whole group with the
+    // row's last element. Every element's result depends only on its own value and the
+    // greatest magnitudes of its block and sub-block, and the copies raise neither: the
+    // last element's own (sub-)block holds it already, and any (sub-)block past it is
+    // padding alone. So the copy's first n - n_simd results are the scalar walker's bits;
+    // the padding's are dropped. (Padding with +0 would make blocks of zeros wherever the
+    // padding fills a block, and those refuse the fast form for the whole vector.) Groups of
+    // more than kPaddedGroup elements, and rows whose last group
+    // holds less than a third of one, go to the scalar walker: measured with the walker called
+    // directly (Xeon model 167, AVX-512), rows of 15 elements took MX9 0.48x the scalar
+    // walker's time, MXINT8 0.76x, BFP16 0.73x, MXFP4E2M1 0.67x, but [64, 200]'s last 8
+    // elements of MXINT8's and MXFP4E2M1's blocks of 32 1.05-1.08x.
     if constexpr (W > 1) {
-      if (group <= kPaddedGroup) {
-        alignas(64) T in[kPaddedGroup] = {};
+      if (group <= kPaddedGroup && 3 * (n - n_simd) >= group) {
+        alignas(64) T in[kPaddedGroup];
         alignas(64) T out[kPaddedGroup];
         for (int64_t j = n_simd; j < n; ++j) in[j - n_simd] = px[j];
+        for (int64_t j = n - n_simd; j < group; ++j) in[j] = px[n - 1];
         walk_group(std::false_type{}, in, out);
         for (int64_t j = n_simd; j < n; ++j) py[j] = out[j - n_simd];
         return;
@@ -1828,30 +1834,21 @@ struct Walker {
       }
     }
     if constexpr (W > 1)
-      if (nv * W < cols) padded_columns(base + nv * W, n, cols - nv * W);
+      if (nv * W < cols) last_columns(base + nv * W, n, cols - nv * W, nv);
   }
 
-  // strided_tile's last `cols` < W columns of the block of `n` rows from base: copied into a
-  // buffer of W columns, padded with +0, and walked there as one vector of columns. Each
-  // column's blocks are its own, so the padding's columns (whose results are dropped) change
-  // no element's result. Blocks of more than kPaddedRows rows go to the scalar walker, which
-  // took these columns before (on the OCR recognizer's [1, 480, 1, 40], its last 8 of 40
-  // columns made the node about 3x a Neg's time).
-  __attribute__((noinline)) void padded_columns(int64_t base, int64_t n, int64_t cols) const {
-    if constexpr (W > 1) {
-      if (n <= kPaddedRows) {
-        alignas(64) T in[kPaddedRows * W] = {};
-        alignas(64) T out[kPaddedRows * W];
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t c = 0; c < cols; ++c) in[j * W + c] = x[base + j * inner + c];
-        auto copy = *this;
-        copy.x = in;
-        copy.y = out;
-        copy.inner = W;
-        copy.prefetch_tiles = copy.prefetch_rows = false;
-        copy.strided_tile(0, n, W);
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t c = 0; c < cols; ++c) y[base + j * inner + c] = out[j * W + c];
+  // The last `cols` < W columns of the block of `n` rows from base, after `nv` whole column
+  // vectors of the same tile (strided_tile, the row walk). With at least one before them and
+  // the output apart from the input: the vector walk of the W columns that end with them,
+  // which walks the last W - cols columns before them again. Each column's blocks are its
+  // own, so those are the same results stored again (not in place, where their input is
+  // already overwritten). Else the scalar walker, which took every such column before: on
+  // the OCR recognizer's [1, 480, 1, 40] (the last 8 of 40 columns), MX9 1.6x and MXINT8
+  // 1.2x the time of the whole walk then.
+  void last_columns(int64_t base, int64_t n, int64_t cols, int64_t nv) const {
+    if constexpr (W > 1 && !Stream) {  // (streamed outputs have no such columns: stream_supported)
+      if (nv > 0 && static_cast<const void*>(x) != static_cast<const void*>(y)) {
+        strided_tile(base + cols - W, n, W);
         return;
       }
     }
@@ -2574,7 +2571,7 @@ struct Walker {
         if constexpr (kRowWalk) {
           const int64_t nv = cols / W;
           row_walk(base, n, nv);
-          if (nv * W < cols) padded_columns(base + nv * W, n, cols - nv * W);
+          if (nv * W < cols) last_columns(base + nv * W, n, cols - nv * W, nv);
         } else {
           for (int64_t c0 = 0; c0 < cols; c0 += kTileColumns)
             strided_tile(base + c0, n, min64(kTileColumns, cols - c0));
