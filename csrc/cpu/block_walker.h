@@ -917,26 +917,38 @@ struct Walker {
   // sub-blocks of two lanes, as blocks_plain takes the plain form's: the W blocks' maxima in
   // one vector (transpose_max) and the test for the one-addition form without the subnormal
   // flush (fast and normal, as tile_sub_blocks' outer walk takes it) once for all W; then
-  // each vector's sub-block maxima (one lane swap) and its result, its block's maximum
-  // broadcast from its lane. Where a block was a group of kNv vectors with a cross-lane
-  // maximum of its own and each vector's result by the fast form with the flush, measured in
-  // cache (MX9, [96, 288] and [1, 27648] float32, one thread, Zen 4, the walker called
-  // directly): 1.35-1.5x faster with AVX2 and AVX-512. false, nothing stored, where any of the
-  // W blocks does not take that form.
+  // each vector's result from its sub-blocks' maxima and its block's, broadcast from its lane.
+  // Where a block was a group of kNv vectors with a cross-lane maximum of its own and each
+  // vector's result by the fast form with the flush, measured in cache (MX9, [96, 288] and
+  // [1, 27648] float32, one thread, Zen 4, the walker called directly): 1.35-1.5x faster with
+  // AVX2 and AVX-512. false, nothing stored, where any of the W blocks does not take that form.
   template <int kNv>
   MXOPS_VINL bool blocks_sub(const Pol& pol, const T* p, T* q) const {
     Quotients<W * kNv> kept;
-    I s;
-    if (!sub_first<kNv>(pol, p, q, kept, s)) return false;
-    sub_second<kNv>(pol, s, p, q, kept);
+    K pairs[W * kNv];
+    SubSpan span{I{}, pairs};
+    if (!sub_first<kNv>(pol, p, q, kept, span)) return false;
+    sub_second<kNv>(pol, span, p, q, kept);
     return true;
   }
 
-  // blocks_sub's first pass over the W blocks from p: s, lane b block b's maximum; false where
-  // they do not all take that form.
+  // What blocks_sub's second pass takes from its first: s, lane b block b's maximum, and
+  // where its first pass kept each vector's sub-block maxima (its keys' maximum over each
+  // pair of lanes, in both lanes).
+  struct SubSpan {
+    I s;
+    K* pairs;
+  };
+
+  // blocks_sub's first pass over the W blocks from p; false where they do not all take that
+  // form. The sub-block maxima are taken here and kept for the second pass (span.pairs, W kNv
+  // vectors), where that pass computed them from the vector it loads again; the transposing
+  // maximum then starts from lanes in equal pairs (transpose_max_of_pairs: W / 2 shuffles and
+  // maxima fewer), for blocks of one vector straight from the kept maxima.
   template <int kNv>
-  MXOPS_VINL bool sub_first(const Pol& pol, const T* p, T* q, Quotients<W * kNv>& kept, I& s) const {
-    K a[W];
+  MXOPS_VINL bool sub_first(const Pol& pol, const T* p, T* q, Quotients<W * kNv>& kept,
+                            SubSpan& span) const {
+    K a[kNv == 1 ? 1 : W];
 #pragma GCC unroll 16
     for (int b = 0; b < W; ++b) {
       K m{};
@@ -946,25 +958,27 @@ struct Walker {
         if ((off * int64_t(sizeof(T))) % 64 == 0) prefetch(p + off, q + off);  // once per line
         const F xv = load(p + off);
         keep_quotient(kept, b * kNv + i, xv);
-        const K k = pol.key(xv);
+        const K k = L::group_max(pol.key(xv), 1);  // sub-blocks of two lanes
+        span.pairs[b * kNv + i] = k;
         m = i == 0 ? k : imax(m, k);
       }
-      a[b] = m;
+      if constexpr (kNv > 1) a[b] = m;
     }
-    s = pol.exponent(L::transpose_max(a));  // lane b: block b's maximum
-    return Pol::kFastMode && L::all(pol.fast_mask(s) & pol.normal_mask(s));
+    // lane b: block b's maximum
+    span.s = pol.exponent(L::transpose_max_of_pairs(kNv == 1 ? span.pairs : a));
+    return Pol::kFastMode && L::all(pol.fast_mask(span.s) & pol.normal_mask(span.s));
   }
 
-  // blocks_sub's second pass: the W blocks from p with maxima s, to q. The blocks' part of
-  // the parameters (sub_floor) once for all W, each block's a broadcast load (LanesInMemory),
-  // and the loop over the blocks two at a time: fully unrolled with a shuffle per broadcast,
-  // the walk measured 1.08-1.12x the time on a 2-core Xeon (family 6 model 167; MX9, the NCHWc
-  // view in the L2, the walker called directly: "Broadcast loads" in docs/speed-log.md).
+  // blocks_sub's second pass: the W blocks from p, to q. The blocks' part of the parameters
+  // (sub_floor) once for all W, each block's a broadcast load (LanesInMemory), and the loop
+  // over the blocks two at a time: fully unrolled with a shuffle per broadcast, the walk
+  // measured 1.08-1.12x the time on a 2-core Xeon (family 6 model 167; MX9, the NCHWc view in
+  // the L2, the walker called directly: "Broadcast loads" in docs/speed-log.md).
   template <int kNv>
-  MXOPS_VINL void sub_second(const Pol& pol, I s, const T* p, T* q,
+  MXOPS_VINL void sub_second(const Pol& pol, const SubSpan& span, const T* p, T* q,
                              [[maybe_unused]] const Quotients<W * kNv>& kept) const {
     __asm__ volatile("" ::: "memory");  // (as in column_blocks)
-    const LanesInMemory<I> floors(pol.sub_floor(s));  // lane b: block b's least sub-block exponent
+    const LanesInMemory<I> floors(pol.sub_floor(span.s));  // lane b: block b's least sub-block exponent
 #pragma GCC unroll 2
     for (int b = 0; b < W; ++b) {
       const I fb = floors.at(b);
@@ -972,8 +986,7 @@ struct Walker {
       for (int i = 0; i < kNv; ++i) {
         const int64_t off = (b * kNv + i) * W;
         const F v = quotient_or_load(kept, b * kNv + i, p + off);
-        const I sm = pol.exponent(L::group_max(pol.key(v), 1));  // sub-blocks of two lanes
-        store(q + off, pol.apply_normal_floor(v, fb, sm));
+        store(q + off, pol.apply_normal_floor(v, fb, pol.exponent(span.pairs[b * kNv + i])));
       }
     }
   }
@@ -984,10 +997,20 @@ struct Walker {
                                          int64_t n_simd) const {
     static_assert(!kKeepQuotients, "the pipelined spans keep no quotients");
     Quotients<W * kNv> none;
-    return pipelined_spans<span_elements(kNv), I>(
+    // Two spans' kept sub-block maxima at a time (the next span's first pass runs before this
+    // one's second): each first pass takes the other buffer.
+    K pairs[2][W * kNv];
+    int turn = 0;
+    return pipelined_spans<span_elements(kNv), SubSpan>(
         px, py, g, n_simd,
-        [&](const T* p, T* q, I& s) MXOPS_LAMBDA_INL { return sub_first<kNv>(pol, p, q, none, s); },
-        [&](const I& s, const T* p, T* q) MXOPS_LAMBDA_INL { sub_second<kNv>(pol, s, p, q, none); },
+        [&](const T* p, T* q, SubSpan& span) MXOPS_LAMBDA_INL {
+          span.pairs = pairs[turn];
+          turn ^= 1;
+          return sub_first<kNv>(pol, p, q, none, span);
+        },
+        [&](const SubSpan& span, const T* p, T* q) MXOPS_LAMBDA_INL {
+          sub_second<kNv>(pol, span, p, q, none);
+        },
         [](const T*, T*) { return false; });
   }
 

@@ -94,14 +94,37 @@ struct VecLanes {
   template <class V>
   static MXOPS_VINL V transpose_max(V* v) {
 #if MXOPS_SIMD_WIDTH == 16
-    const I pairs_a = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30};
-    const I pairs_b = pairs_a + 1;
+    for (int j = 0; j < W / 2; ++j)
+      v[j] = imax(__builtin_shuffle(v[2 * j], v[2 * j + 1], kPairsA), __builtin_shuffle(v[2 * j], v[2 * j + 1], kPairsA + 1));
+#else
+    for (int j = 0; j < W / 2; ++j) v[j] = pairs_max(v[2 * j], v[2 * j + 1]);
+#endif
+    return transpose_max_after_pairs(v);
+  }
+
+  // transpose_max where every v[i] holds its maxima in equal pairs of lanes (2j, 2j + 1), as
+  // after group_max(v[i], 1): the first stage is one of its two shuffles, without the maximum
+  // (W / 2 shuffles and W / 2 maxima fewer). v is not written.
+  template <class V>
+  static MXOPS_VINL V transpose_max_of_pairs(const V* v) {
+    V t[W / 2];
+#if MXOPS_SIMD_WIDTH == 16
+    for (int j = 0; j < W / 2; ++j) t[j] = __builtin_shuffle(v[2 * j], v[2 * j + 1], kPairsA);
+#else
+    for (int j = 0; j < W / 2; ++j) t[j] = as_v<V>(_mm256_shuffle_ps(as_ps(v[2 * j]), as_ps(v[2 * j + 1]), 0x88));
+#endif
+    return transpose_max_after_pairs(t);
+  }
+
+  // The stages of transpose_max after its first, on the W / 2 vectors it left in v.
+#if MXOPS_SIMD_WIDTH == 16
+  static constexpr I kPairsA = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30};
+  template <class V>
+  static MXOPS_VINL V transpose_max_after_pairs(V* v) {
     const I halves_a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const I halves_b = halves_a + 8;
     const I blocks_a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const I blocks_b = blocks_a + 4;
-    const I stages[4][2] = {{pairs_a, pairs_b}, {pairs_a, pairs_b}, {halves_a, halves_b}, {blocks_a, blocks_b}};
-    int m = W;
+    const I stages[3][2] = {{kPairsA, kPairsA + 1}, {halves_a, halves_a + 8}, {blocks_a, blocks_a + 4}};
+    int m = W / 2;
     for (const auto& st : stages) {
       for (int j = 0; j < m / 2; ++j)
         v[j] = imax(__builtin_shuffle(v[2 * j], v[2 * j + 1], st[0]),
@@ -109,24 +132,29 @@ struct VecLanes {
       m /= 2;
     }
     return v[0];
-#else
-    // The stages' lane patterns {0, 2, 8, 10, 4, 6, 12, 14} and the same + 1 (pairs, twice),
-    // then {0-3, 8-11} and {4-7, 12-15} (halves), each one instruction: shufps 0x88 / 0xdd
-    // and permute2f128 0x20 / 0x31, where GCC builds a two-source integer shuffle from three
-    // (two vpshufd and a vpblendd). Measured in cache with the walker called directly (one
-    // thread, Zen 4, blocked axis innermost, [1, 27648] float32): BFP16 7.5 -> 6.2 us, MX9
-    // 6.6 -> 6.0 us.
-    auto ps = [](V a) { return reinterpret_cast<__m256>(a); };
-    auto back = [](__m256 a) { return reinterpret_cast<V>(a); };
-    auto pairs = [&](V a, V b) {
-      return imax(back(_mm256_shuffle_ps(ps(a), ps(b), 0x88)), back(_mm256_shuffle_ps(ps(a), ps(b), 0xdd)));
-    };
-    for (int j = 0; j < 4; ++j) v[j] = pairs(v[2 * j], v[2 * j + 1]);
-    for (int j = 0; j < 2; ++j) v[j] = pairs(v[2 * j], v[2 * j + 1]);
-    return imax(back(_mm256_permute2f128_ps(ps(v[0]), ps(v[1]), 0x20)),
-                back(_mm256_permute2f128_ps(ps(v[0]), ps(v[1]), 0x31)));
-#endif
   }
+#else
+  // The stages' lane patterns {0, 2, 8, 10, 4, 6, 12, 14} and the same + 1 (pairs, twice),
+  // then {0-3, 8-11} and {4-7, 12-15} (halves), each one instruction: shufps 0x88 / 0xdd
+  // and permute2f128 0x20 / 0x31, where GCC builds a two-source integer shuffle from three
+  // (two vpshufd and a vpblendd). Measured in cache with the walker called directly (one
+  // thread, Zen 4, blocked axis innermost, [1, 27648] float32): BFP16 7.5 -> 6.2 us, MX9
+  // 6.6 -> 6.0 us.
+  static MXOPS_VINL __m256 as_ps(I a) { return reinterpret_cast<__m256>(a); }
+  static MXOPS_VINL __m256 as_ps(U a) { return reinterpret_cast<__m256>(a); }
+  template <class V>
+  static MXOPS_VINL V as_v(__m256 a) { return reinterpret_cast<V>(a); }
+  template <class V>
+  static MXOPS_VINL V pairs_max(V a, V b) {
+    return imax(as_v<V>(_mm256_shuffle_ps(as_ps(a), as_ps(b), 0x88)), as_v<V>(_mm256_shuffle_ps(as_ps(a), as_ps(b), 0xdd)));
+  }
+  template <class V>
+  static MXOPS_VINL V transpose_max_after_pairs(V* v) {
+    for (int j = 0; j < 2; ++j) v[j] = pairs_max(v[2 * j], v[2 * j + 1]);
+    return imax(as_v<V>(_mm256_permute2f128_ps(as_ps(v[0]), as_ps(v[1]), 0x20)),
+                as_v<V>(_mm256_permute2f128_ps(as_ps(v[0]), as_ps(v[1]), 0x31)));
+  }
+#endif
 
 #if MXOPS_SIMD_WIDTH == 16
   // Lane k = the maximum over block k of v[0..7] taken as 16 blocks of 8 lanes (block k: lanes
