@@ -944,7 +944,13 @@ struct Walker {
   // form. The sub-block maxima are taken here and kept for the second pass (span.pairs, W kNv
   // vectors), where that pass computed them from the vector it loads again; the transposing
   // maximum then starts from lanes in equal pairs (transpose_max_of_pairs: W / 2 shuffles and
-  // maxima fewer), for blocks of one vector straight from the kept maxima.
+  // maxima fewer), for blocks of one vector straight from the kept maxima. Measured on a
+  // 2-core Xeon (family 6 model 167, AVX-512, the walker called directly, one thread): MX9 /
+  // MX6 / MX4 in the L2 0.90-0.94x the time (the orientation classifier's NCHWc shapes up to
+  // [1, 64, 56, 56], innermost [64, 1024], [256, 1024], [784, 128]), beyond it unchanged;
+  // AVX2 there unchanged. Kept in the span's state instead (copied from span to span by
+  // pipelined_spans) it was 1.14x the time ("Sub-block maxima from the first pass" in
+  // docs/speed-log.md).
   template <int kNv>
   MXOPS_VINL bool sub_first(const Pol& pol, const T* p, T* q, Quotients<W * kNv>& kept,
                             SubSpan& span) const {
